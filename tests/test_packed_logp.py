@@ -1,0 +1,93 @@
+"""AReaL's FSDP actor with sdpa on packed micro-batches, against unpacked Hugging Face forwards.
+
+Runs in a subprocess: the actor initialises torch.distributed (gloo, CPU) for its process,
+and a fresh interpreter keeps that out of the other tests.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import json, os, socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
+sys.path.insert(0, sys.argv[1])
+import torch
+from transformers import AutoModelForCausalLM
+from areal.api import FinetuneSpec
+from areal.api.alloc_mode import ModelAllocation
+from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, PPOActorConfig
+from areal.engine import FSDPPPOActor
+import packed_sdpa
+
+model_path, with_fix = sys.argv[2], sys.argv[3] == "fix"
+if with_fix:
+    packed_sdpa.install()
+config = PPOActorConfig(
+    experiment_name="test", trial_name="test", path=model_path, attn_impl="sdpa",
+    dtype="float32", backend="fsdp:d1", mb_spec=MicroBatchSpec(max_tokens_per_mb=4096),
+    optimizer=OptimizerConfig(lr=1e-4),
+)
+actor = FSDPPPOActor(config)
+actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
+actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=4, train_batch_size=4))
+
+gen = torch.Generator().manual_seed(0)
+batch = []
+for length in (17, 40, 29, 5):  # one micro-batch of four packed sequences
+    ids = torch.randint(5, 800, (1, length), generator=gen)
+    batch.append(dict(
+        input_ids=ids, attention_mask=torch.ones(1, length, dtype=torch.bool),
+        loss_mask=torch.ones(1, length, dtype=torch.int32), logprobs=torch.zeros(1, length),
+        versions=torch.zeros(1, length, dtype=torch.int32), rewards=torch.zeros(1),
+    ))
+packed = actor.compute_logp(batch)
+actor.destroy()
+
+hf = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="eager").eval()
+errors = []
+for item, logp in zip(batch, packed):
+    ids = item["input_ids"]
+    with torch.no_grad():
+        logits = hf(ids).logits[0]
+    ref = torch.log_softmax(logits[:-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    errors.append((logp.reshape(-1)[:-1] - ref).abs().max().item())
+print("RESULT", json.dumps(errors))
+"""
+
+
+def packed_vs_unpacked_errors(model_dir: Path, mode: str) -> list[float]:
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(ROOT), str(model_dir), mode],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.timeout(600)
+def test_packed_logp_matches_unpacked_forward_with_fix(tiny_model_dir):
+    errors = packed_vs_unpacked_errors(tiny_model_dir, "fix")
+    assert len(errors) == 4
+    assert max(errors) < 1e-4, errors
+
+
+@pytest.mark.timeout(600)
+def test_plain_sdpa_leaks_across_packed_sequences(tiny_model_dir):
+    """The trap itself: without the fix, only the first packed sequence is right.
+
+    If this starts failing, AReaL or transformers fixed packing for sdpa and packed_sdpa.py
+    may no longer be needed.
+    """
+    errors = packed_vs_unpacked_errors(tiny_model_dir, "nofix")
+    assert errors[0] < 1e-4
+    assert min(errors[1:]) > 1e-2, errors

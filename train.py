@@ -1,0 +1,115 @@
+"""GRPO on the Countdown numbers game with AReaL.
+
+Read top to bottom: the workflow that turns one puzzle into one scored completion, the
+data loading, and a short main that hands everything to AReaL's PPOTrainer (FSDP actor,
+SGLang rollouts, disk weight pushes, saver, recover handler, evaluator, stats logger).
+
+    python3 countdown.py                                   # data/countdown/qwen/*.jsonl
+    python3 train.py --config train_config.yaml scheduler.type=local
+    python3 -m areal.infra.launcher.local train.py --config train_config.yaml
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedTokenizerFast
+
+import countdown
+import packed_sdpa
+from areal import PPOTrainer, workflow_context
+from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
+from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, load_expr_config
+from areal.utils import stats_tracker
+from areal.utils.hf_utils import load_hf_tokenizer
+from reward_score import compute_score, has_think_answer_format
+
+# The actor runs in this process under the SPMD launchers; see packed_sdpa for why.
+packed_sdpa.install()
+
+
+class CountDownWorkflow(RolloutWorkflow):
+    """One puzzle in, one sampled and scored completion out.
+
+    AReaL calls `arun_episode` `gconfig.n_samples` times per puzzle and concatenates the
+    results into one GRPO group, so this never returns None: a missing trajectory would
+    shrink the group and shift every later group's reward normalisation.
+    """
+
+    def __init__(
+        self,
+        gconfig: GenerationHyperparameters,
+        tokenizer: PreTrainedTokenizerFast | str,
+    ):
+        if isinstance(tokenizer, str):
+            tokenizer = load_hf_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer).new(n_samples=1)
+
+    async def arun_episode(self, engine: InferenceEngine, data: dict) -> dict:
+        prompt_ids = countdown.prompt_token_ids(self.tokenizer, data["messages"])
+        request = ModelRequest(
+            rid=uuid.uuid4().hex,
+            input_ids=prompt_ids,
+            gconfig=self.gconfig,
+            tokenizer=self.tokenizer,
+        )
+        response = await engine.agenerate(request)
+        completion = self.tokenizer.decode(response.output_tokens, skip_special_tokens=True)
+        reward = compute_score(completion, data)
+        log_episode_stats(data, completion, reward, response.output_len, response.stop_reason)
+        return trajectory(response, reward)
+
+
+def log_episode_stats(
+    data: dict, completion: str, reward: float, completion_len: int, stop_reason: str
+) -> None:
+    """Per-episode scalars; AReaL averages them per step under `rollout/` or `eval-rollout/`."""
+    solved = float(reward == 1.0)
+    stats_tracker.get(workflow_context.stat_scope()).scalar(
+        reward=reward,
+        success=solved,
+        format_ok=float(has_think_answer_format(completion)),
+        completion_len=completion_len,
+        truncated=float(stop_reason == "length"),
+        **{f"success_{len(data['nums'])}nums": solved},
+    )
+
+
+def trajectory(response, reward: float) -> dict[str, torch.Tensor]:
+    """The [1, seqlen] tensors AReaL's actor trains on; the loss covers completion tokens only."""
+    n_prompt, n_out = response.input_len, response.output_len
+    return {
+        "input_ids": torch.tensor([response.input_tokens + response.output_tokens]),
+        "attention_mask": torch.ones(1, n_prompt + n_out, dtype=torch.bool),
+        "loss_mask": torch.tensor([[0] * n_prompt + [1] * n_out], dtype=torch.int32),
+        "logprobs": torch.tensor([[0.0] * n_prompt + list(response.output_logprobs)]),
+        "versions": torch.tensor([[-1] * n_prompt + list(response.output_versions)]),
+        "rewards": torch.tensor([float(reward)]),
+    }
+
+
+def load_split(path: str) -> Dataset:
+    """Validated puzzles (file and line named on any bad row) as a `datasets.Dataset`."""
+    return Dataset.from_list(countdown.load_puzzles(path))
+
+
+def main(argv: list[str]) -> None:
+    config, _ = load_expr_config(argv, GRPOConfig)
+    train_set = load_split(config.train_dataset.path)
+    valid_set = load_split(config.valid_dataset.path)
+    tokenizer_path = config.tokenizer_path
+    with PPOTrainer(config, train_dataset=train_set, valid_dataset=valid_set) as trainer:
+        trainer.train(
+            workflow="train.CountDownWorkflow",
+            workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path),
+            eval_workflow="train.CountDownWorkflow",
+            eval_workflow_kwargs=dict(gconfig=config.eval_gconfig, tokenizer=tokenizer_path),
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
