@@ -81,9 +81,31 @@ def trainer_command(overrides: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def trainer_env(server_addr: str) -> dict[str, str]:
+# The SGLang release whose HTTP protocol tools/dev_server.py speaks.
+EMULATED_SGLANG = "0.5.10.post1"
+
+
+def sglang_metadata_stub(root: Path) -> Path:
+    """A folder holding only the package metadata of SGLang, for PYTHONPATH.
+
+    Why: PPOTrainer builds SGLang server arguments even when it launches no server (SPMD
+    mode) and refuses to start unless `importlib.metadata` reports sglang >= 0.5.10.post1.
+    Here the dev server stands in for SGLang, so the trainer's environment declares the
+    version it emulates. No `sglang` module is created: nothing can import it.
+    """
+    dist_info = root / f"sglang-{EMULATED_SGLANG}.dist-info"
+    dist_info.mkdir(parents=True, exist_ok=True)
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: sglang\nVersion: {EMULATED_SGLANG}\n"
+    )
+    return root
+
+
+def trainer_env(server_addr: str, sglang_stub: Path) -> dict[str, str]:
+    pythonpath = [str(sglang_stub), os.environ.get("PYTHONPATH", "")]
     return {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
         "AREAL_SPMD_MODE": "1",
         "AREAL_LLM_SERVER_ADDRS": server_addr,
         # torch.compile of AReaL's log-prob kernels costs ~1 min on CPU, same numbers.
@@ -161,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     run_step("2/4 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
                                 "--out", str(model_dir), "--preset", "tiny"])  # fmt: skip
     print("[demo] 3/4 inference server", flush=True)
-    with dev_server.serve(str(model_dir), log_path=run_dir / "server.log") as addr:
+    with dev_server.serve(str(model_dir), log_file=run_dir / "server.log") as addr:
         print(f"[demo] 4/4 training against {addr} (full log: {run_dir / 'train.log'})")
         overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps)
-        run_trainer(trainer_command(overrides), trainer_env(addr), run_dir / "train.log")
+        env = trainer_env(addr, sglang_metadata_stub(run_dir / "sglang-stub"))
+        run_trainer(trainer_command(overrides), env, run_dir / "train.log")
     tensorboard_dir = run_dir / "logs" / "tensorboard"
     subprocess.run([sys.executable, "plot.py", str(tensorboard_dir),
                     "--out", str(run_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip
