@@ -11,6 +11,7 @@ SGLang rollouts, disk weight pushes, saver, recover handler, evaluator, stats lo
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 
@@ -97,12 +98,39 @@ def load_split(path: str) -> Dataset:
     return Dataset.from_list(countdown.load_puzzles(path))
 
 
+def check_model_path(path: str) -> None:
+    """Fail fast on a local model path that does not exist (hub ids like Org/Name pass)."""
+    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(
+            f"model path {path!r} does not exist: pass a Hugging Face model folder or hub id "
+            "as actor.path=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
+        )
+
+
+def start_trainer(config: GRPOConfig, train_set: Dataset, valid_set: Dataset) -> PPOTrainer:
+    """PPOTrainer, with an actionable message when the inference servers never answer."""
+    try:
+        return PPOTrainer(config, train_dataset=train_set, valid_dataset=valid_set)
+    except TimeoutError as e:
+        addrs = os.environ.get("AREAL_LLM_SERVER_ADDRS") or "the launched servers"
+        raise SystemExit(
+            f"train.py: inference server(s) at {addrs} did not answer GET /health within "
+            f"rollout.setup_timeout={config.rollout.setup_timeout:.0f}s; check that they "
+            "are running, reachable from this node, and that AREAL_LLM_SERVER_ADDRS is right"
+        ) from e
+
+
 def main(argv: list[str]) -> None:
     config, _ = load_expr_config(argv, GRPOConfig)
-    train_set = load_split(config.train_dataset.path)
-    valid_set = load_split(config.valid_dataset.path)
+    try:
+        check_model_path(config.actor.path)
+        train_set = load_split(config.train_dataset.path)
+        valid_set = load_split(config.valid_dataset.path)
+    except (countdown.DataError, FileNotFoundError) as e:
+        raise SystemExit(f"train.py: {e}") from None
     tokenizer_path = config.tokenizer_path
-    with PPOTrainer(config, train_dataset=train_set, valid_dataset=valid_set) as trainer:
+    with start_trainer(config, train_set, valid_set) as trainer:
         trainer.train(
             workflow="train.CountDownWorkflow",
             workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path),

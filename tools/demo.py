@@ -119,6 +119,7 @@ PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error"
 
 def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path) -> None:
     """Run the trainer in its own process group, echo progress lines, always clean up."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -147,6 +148,18 @@ def stop_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path) -> None:
+    """What `python3 -m areal.infra.launcher.local` does for the trainer, with our server.
+
+    Like the launcher, it clears the run's name_resolve records first: a record left by an
+    earlier launch (say, the run being resumed) would announce a weight update before the
+    new trainer has written it.
+    """
+    shutil.rmtree(run_dir / "name_resolve", ignore_errors=True)
+    env = trainer_env(server_addr, sglang_metadata_stub(run_dir / "sglang-stub"))
+    run_trainer(trainer_command(overrides), env, log_path)
 
 
 def summary(tensorboard_dir: Path, seconds: float) -> str:
@@ -186,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     with dev_server.serve(str(model_dir), log_file=run_dir / "server.log") as addr:
         print(f"[demo] 4/4 training against {addr} (full log: {run_dir / 'train.log'})")
         overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps)
-        env = trainer_env(addr, sglang_metadata_stub(run_dir / "sglang-stub"))
-        run_trainer(trainer_command(overrides), env, run_dir / "train.log")
+        launch_trainer(run_dir, overrides, addr, run_dir / "train.log")
     tensorboard_dir = run_dir / "logs" / "tensorboard"
     subprocess.run([sys.executable, "plot.py", str(tensorboard_dir),
                     "--out", str(run_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip

@@ -1,0 +1,182 @@
+"""The learning experiment of docs/results.md, one phase per command.
+
+    python3 scripts/learning_run.py sft  --work runs/learn --out OUT    # data, model, warm start
+    python3 scripts/learning_run.py grpo --work runs/learn --out OUT    # eval, GRPO, eval
+
+Phase `sft` builds 3-4 number puzzles (countdown.py), a ~31M-parameter Qwen2-architecture
+model from random weights with the project's tokenizer (tools/make_tiny_model.py --preset
+small), and warm-starts it with supervised fine-tuning on the reference solutions (sft.py,
+AReaL's SFTTrainer). Phase `grpo` serves the warm-started model with the dev server (which
+stands in for SGLang, unavailable on the GPU machine), measures held-out pass@1 with
+evaluate.py, trains it with train.py exactly as the SPMD launcher would (FSDPPPOActor, disk
+weight pushes to the server), and measures pass@1 again on the same server, now holding
+the trained weights. Results, logs and the learning curve are copied to OUT.
+
+`--device cpu` with small sizes rehearses the whole path on a laptop (see tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tools import demo, dev_server  # noqa: E402
+
+
+def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> None:
+    """Run a step; with `log`, its output goes there and its tail is shown if it fails."""
+    print(f"[learn] {' '.join(cmd)[:200]}", flush=True)
+    if log is None:
+        subprocess.run(cmd, cwd=ROOT, check=True, env=env)
+        return
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        print(log.read_text()[-5000:], flush=True)
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
+    """The HF folder the Saver wrote last (highest global step)."""
+    folders = list(fileroot.glob(f"checkpoints/*/{experiment}/*/default/epoch*globalstep*"))
+    if not folders:
+        raise FileNotFoundError(f"no saved model under {fileroot}/checkpoints/*/{experiment}")
+    return max(folders, key=lambda p: int(p.name.rsplit("globalstep", 1)[1]))
+
+
+def sft_phase(args: argparse.Namespace) -> None:
+    data, model, fileroot = args.work / "data", args.work / "model", args.work / "sft"
+    run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", str(args.train_size),
+         "--test-size", str(args.test_size), "--seed", "0"])  # fmt: skip
+    run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
+    overrides = [
+        f"actor.path={model}", f"train_dataset.path={data}/train_e.jsonl",
+        f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
+        f"total_train_epochs={args.sft_epochs}", f"train_dataset.batch_size={args.sft_batch}",
+        f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
+    ]  # fmt: skip
+    env = demo.trainer_env("", demo.sglang_metadata_stub(args.work / "sglang-stub"))
+    start = time.time()
+    cmd = demo.trainer_command(overrides)
+    cmd[cmd.index("train.py")] = "sft.py"
+    cmd[cmd.index("train_config.yaml")] = "configs/sft_warm_start.yaml"
+    run(cmd, log=args.work / "sft.log", env=env)
+    (args.work / "sft_seconds.txt").write_text(f"{time.time() - start:.0f}\n")
+    print(f"[learn] warm-started model: {latest_checkpoint(fileroot, 'countdown-sft')}")
+
+
+def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
+    """train_config.yaml shrunk to one GPU shared by the actor and the dev server."""
+    data = args.work / "data"
+    return [
+        "experiment_name=countdown-learn", "trial_name=run",
+        f"cluster.fileroot={run_dir}", f"cluster.name_resolve.nfs_record_root={run_dir}/name_resolve",
+        "cluster.n_gpus_per_node=1", "allocation_mode=sglang:d1p1t1+fsdp:d1p1t1",
+        "rollout.backend=sglang:d1p1t1", "actor.backend=fsdp:d1p1t1",
+        f"actor.path={model}", f"actor.dtype={args.dtype}", "actor.gradient_checkpointing=false",
+        "actor.mb_spec.max_tokens_per_mb=32768", f"actor.optimizer.lr={args.grpo_lr}",
+        "actor.ppo_n_minibatches=2", "actor.optimizer.warmup_steps_proportion=0.0",
+        f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
+        f"rollout.max_concurrent_rollouts={args.batch * args.n_samples}",
+        f"train_dataset.path={data}/train_e.jsonl", f"train_dataset.batch_size={args.batch}",
+        f"valid_dataset.path={data}/test_e.jsonl", f"valid_dataset.batch_size={args.test_size}",
+        "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
+        f"total_train_steps={args.grpo_steps}", f"evaluator.freq_steps={args.eval_every}",
+        "saver.freq_steps=null", "saver.freq_epochs=null", "recover.mode=disabled",
+    ]  # fmt: skip
+
+
+def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path) -> dict:
+    run([sys.executable, "evaluate.py", "--server", addr, "--tokenizer", str(tokenizer),
+         "--data", str(args.work / "data" / "test_e.jsonl"), "--max-new-tokens", str(args.max_new_tokens),
+         "--concurrency", "512", "--out-dir", str(out_dir)])  # fmt: skip
+    return json.loads((out_dir / "eval.json").read_text())
+
+
+def pass_at_1(report: dict) -> dict[str, float]:
+    by_count = {f"{n} numbers": m["pass@1"] for n, m in report["by_num_count"].items()}
+    return {"all": report["overall"]["pass@1"], **by_count}
+
+
+def grpo_phase(args: argparse.Namespace) -> None:
+    model = latest_checkpoint(args.work / "sft", "countdown-sft")
+    run_dir = args.work / "grpo"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    server = dict(device=args.device, dtype=args.dtype, max_batch=1024, log_file=args.work / "server.log")
+    with dev_server.serve(str(model), timeout=600, **server) as addr:
+        before = evaluate(addr, model, args, args.work / "eval_before")
+        start = time.time()
+        demo.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr, args.work / "train.log")
+        grpo_seconds = time.time() - start
+        after = evaluate(addr, model, args, args.work / "eval_after")
+    run([sys.executable, "plot.py", str(run_dir / "logs" / "tensorboard"), "--out", str(args.work / "curves.png")])
+    results = {
+        "model": f"Qwen2 architecture, preset {args.preset}, from random weights",
+        "device": device_name(args.device),
+        "sft_seconds": float((args.work / "sft_seconds.txt").read_text()),
+        "grpo_steps": args.grpo_steps,
+        "grpo_seconds": round(grpo_seconds),
+        "pass@1_before": pass_at_1(before),
+        "pass@1_after": pass_at_1(after),
+        "settings": vars(args) | {"work": str(args.work), "out": str(args.out)},
+    }
+    (args.work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(json.dumps(results, indent=2, default=str))
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+
+
+def copy_outputs(work: Path, out: Path) -> None:
+    """What comes back from the GPU machine (its $OUT takes a few flat files)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ["results.json", "curves.png", "curves.csv", "sft.log", "train.log", "server.log"]:
+        if (work / name).exists():
+            shutil.copy(work / name, out / name)
+    for phase in ["eval_before", "eval_after"]:
+        if (work / phase / "eval.md").exists():
+            shutil.copy(work / phase / "eval.md", out / f"{phase}.md")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("phase", choices=["sft", "grpo"])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learn")
+    parser.add_argument("--out", type=Path, help="copy results and logs here too")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--train-size", type=int, default=100_000)
+    parser.add_argument("--test-size", type=int, default=1000)
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-batch", type=int, default=256)
+    parser.add_argument("--sft-lr", type=float, default=1e-3)
+    parser.add_argument("--grpo-steps", type=int, default=40)
+    parser.add_argument("--grpo-lr", type=float, default=2e-5)
+    parser.add_argument("--batch", type=int, default=64, help="puzzles per GRPO step")
+    parser.add_argument("--n-samples", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--eval-every", type=int, default=10)
+    args = parser.parse_args()
+    args.work = args.work.resolve()
+    args.work.mkdir(parents=True, exist_ok=True)
+    try:
+        sft_phase(args) if args.phase == "sft" else grpo_phase(args)
+    finally:
+        if args.out:
+            copy_outputs(args.work, args.out)
+
+
+if __name__ == "__main__":
+    main()

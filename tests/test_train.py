@@ -1,0 +1,255 @@
+"""train.py on CPU: the workflow through AReaL's real RemoteSGLangEngine and the dev server,
+GRPO grouping, a two-step training run with disk weight pushes, recovery, and bad input.
+
+Nothing is mocked: the dev server (tools/dev_server.py) stands in for SGLang, which cannot
+run here, and speaks the same HTTP protocol to the same client code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import countdown
+import plot
+from reward_score import compute_score
+from tools import demo, dev_server
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    countdown.main(["--out-dir", str(out), "--train-size", "400", "--test-size", "16", "--seed", "3"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    from areal.api.cli_args import InferenceEngineConfig
+    from areal.engine import RemoteSGLangEngine
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with dev_server.serve(str(tiny_model_dir), log_file=log) as addr:
+        rollout = RemoteSGLangEngine(
+            InferenceEngineConfig(
+                backend="sglang:d1", max_concurrent_rollouts=16, consumer_batch_size=4,
+                max_head_offpolicyness=10**6,  # no trainer here: never hold rollouts back
+            )
+        )
+        rollout.initialize(addr=addr)
+        yield rollout
+        rollout.destroy()
+
+
+def rollout_groups(engine, model_dir: Path, rows: list[dict], n: int, temperature: float = 1.0):
+    """One group per row, in the order of `rows` (AReaL returns them in completion order)."""
+    from areal.api.cli_args import GenerationHyperparameters
+
+    gconfig = GenerationHyperparameters(n_samples=n, max_new_tokens=24, temperature=temperature)
+    groups = engine.rollout_batch(
+        rows,
+        workflow="train.CountDownWorkflow",
+        workflow_kwargs=dict(gconfig=gconfig, tokenizer=str(model_dir)),
+        group_size=n,
+    )
+    tokenizer = engine_tokenizer(model_dir)
+    prompts = [countdown.prompt_token_ids(tokenizer, row["messages"]) for row in rows]
+
+    def row_index(group) -> int:
+        ids = group["input_ids"][0].tolist()
+        return next(i for i, p in enumerate(prompts) if ids[: len(p)] == p)
+
+    return sorted(groups, key=row_index)
+
+
+def test_workflow_trajectories_match_prompt_model_and_reward(engine, tiny_model_dir, data_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rows = countdown.load_puzzles(str(data_dir / "test_e.jsonl"))[:3]
+    n, temperature = 4, 0.8
+    groups = rollout_groups(engine, tiny_model_dir, rows, n, temperature)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+    assert len(groups) == len(rows)
+    for row, group in zip(rows, groups):
+        assert group["input_ids"].shape[0] == n and group["rewards"].shape == (n,)
+        prompt = countdown.prompt_token_ids(tokenizer, row["messages"])
+        p = len(prompt)
+        for i in range(n):
+            length = int(group["attention_mask"][i].sum())
+            ids = group["input_ids"][i, :length]
+            assert ids[:p].tolist() == prompt
+            assert length > p
+            mask = group["loss_mask"][i]
+            assert mask[:p].eq(0).all() and mask[p:length].eq(1).all() and mask[length:].eq(0).all()
+            assert group["versions"][i, :p].eq(-1).all() and group["versions"][i, p:length].ge(0).all()
+            assert group["logprobs"][i, :p].eq(0).all()
+
+            completion = tokenizer.decode(ids[p:].tolist(), skip_special_tokens=True)
+            assert group["rewards"][i].item() == compute_score(completion, row)
+
+            with torch.no_grad():
+                logits = model(ids[None]).logits[0, p - 1 : length - 1].float()
+            expected = torch.log_softmax(logits / temperature, -1).gather(-1, ids[p:, None])[:, 0]
+            torch.testing.assert_close(group["logprobs"][i, p:length], expected, atol=1e-4, rtol=0)
+
+
+def test_grpo_normalises_rewards_within_each_prompts_group(engine, tiny_model_dir, data_dir):
+    """Every prompt gets exactly n_samples trajectories, consecutive in the batch, and the
+    shipped reward_norm (group_size = gconfig.n_samples) centres and scales each group alone.
+    The rewards are replaced by known values: what is tested is the grouping, not the model."""
+    from areal.api.cli_args import GRPOConfig, parse_cli_args, to_structured_cfg
+    from areal.utils.data import Normalization, concat_padded_tensors
+    from omegaconf import OmegaConf
+
+    cfg, _ = parse_cli_args(["--config", str(ROOT / "train_config.yaml"), "gconfig.n_samples=4"])
+    config = OmegaConf.to_object(to_structured_cfg(cfg, GRPOConfig))
+    n = config.gconfig.n_samples
+    assert config.actor.reward_norm.group_size == n
+
+    rows = countdown.load_puzzles(str(data_dir / "test_e.jsonl"))[3:6]
+    batch = concat_padded_tensors(rollout_groups(engine, tiny_model_dir, rows, n))
+    assert batch["input_ids"].shape[0] == n * len(rows)
+
+    rewards = torch.tensor([0.0, 1.0, 0.1, 1.0, 0.0, 0.0, 0.1, 0.0, 1.0, 1.0, 1.0, 0.1])
+    normalised = Normalization(config.actor.reward_norm)(rewards)
+    for g, row in enumerate(rows):
+        block = slice(g * n, (g + 1) * n)
+        prompt = countdown.prompt_token_ids(engine_tokenizer(tiny_model_dir), row["messages"])
+        assert (batch["input_ids"][block, : len(prompt)] == torch.tensor(prompt)).all()
+        r = rewards[block]
+        expected = (r - r.mean()) / (r.std() + config.actor.reward_norm.eps)
+        torch.testing.assert_close(normalised[block].float(), expected, atol=1e-5, rtol=0)
+
+
+def engine_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def probe(addr: str, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    """Greedy completions and their log-probs straight from the server."""
+    results = []
+    for ids in prompts:
+        out = dev_server.http_json(addr, "/generate", {
+            "input_ids": ids, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True},
+        })  # fmt: skip
+        pairs = out["meta_info"]["output_token_logprobs"]
+        results.append(([p[1] for p in pairs], [p[0] for p in pairs]))
+    return results
+
+
+def greedy_logprobs_of(model_dir: Path, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+
+
+def train(run_dir: Path, model: Path, data_dir: Path, addr: str, steps: int) -> str:
+    overrides = demo.cpu_overrides(run_dir, model, data_dir, steps) + [
+        # Constant negative reward, no normalisation: the random model earns no reward, and
+        # this still gives every sampled token a non-zero advantage, so weights must move.
+        "actor.reward_norm=null", "actor.adv_norm=null", "actor.reward_bias=-0.5",
+        "actor.optimizer.lr=1e-3", "saver.freq_steps=1", "valid_dataset.batch_size=8",
+    ]  # fmt: skip
+    log = run_dir / f"train-{steps}.log"
+    demo.launch_trainer(run_dir, overrides, addr, log)
+    return log.read_text()
+
+
+def test_two_steps_of_training_then_recovery(tiny_model_dir, data_dir, tmp_path):
+    rows = countdown.load_puzzles(str(data_dir / "test_e.jsonl"))[:2]
+    tokenizer = engine_tokenizer(tiny_model_dir)
+    prompts = [countdown.prompt_token_ids(tokenizer, r["messages"]) for r in rows]
+    run_dir = tmp_path / "run"
+    with dev_server.serve(str(tiny_model_dir), log_file=tmp_path / "server.log") as addr:
+        before = probe(addr, prompts)
+        log = train(run_dir, tiny_model_dir, data_dir, addr, steps=2)
+        after = probe(addr, prompts)
+        assert dev_server.http_json(addr, "/get_weight_version")["weight_version"] in (2, "2")
+
+        # The disk pushes changed what the server computes ...
+        change = max(
+            max(abs(a - b) for a, b in zip(lp_a, lp_b)) if ids_a == ids_b else float("inf")
+            for (ids_a, lp_a), (ids_b, lp_b) in zip(after, before)
+        )
+        assert change > 1e-3
+        # ... into exactly the weights the trainer saved after its last step.
+        saved = sorted(run_dir.glob("checkpoints/*/*/*/default/epoch*globalstep1"))
+        assert saved, "no HF checkpoint saved after step 2"
+        for prompt, (ids, logprobs) in zip(prompts, after):
+            expected = greedy_logprobs_of(saved[-1], prompt, ids)
+            torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+
+        assert "Train step 1/" in log and "Train step 2/" in log
+        scalars = plot.load_run(run_dir / "logs" / "tensorboard")
+        assert sorted(scalars["rollout/reward"]) == [0, 1]
+        assert sorted(scalars["eval-rollout/success"]) == [0, 1]
+
+        # Rerunning with more steps resumes from the recover checkpoint of step 2.
+        resumed = train(run_dir, tiny_model_dir, data_dir, addr, steps=3)
+        assert "Recovering from" in resumed
+        assert "Train step 3/" in resumed and "Train step 1/" not in resumed
+        assert sorted(plot.load_run(run_dir / "logs" / "tensorboard")["rollout/reward"]) == [0, 1, 2]
+
+
+def run_train_py(args: list[str]) -> subprocess.CompletedProcess:
+    """train.py as a plain process: these errors come before any distributed set-up."""
+    return subprocess.run(
+        [sys.executable, "train.py", "--config", "train_config.yaml", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_bad_inputs_give_actionable_errors(tiny_model_dir, data_dir, tmp_path):
+    base = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path}/nr",
+            f"actor.path={tiny_model_dir}", f"valid_dataset.path={data_dir}/test_e.jsonl"]  # fmt: skip
+    missing = tmp_path / "missing.jsonl"
+    proc = run_train_py([*base, f"train_dataset.path={missing}"])
+    assert proc.returncode != 0
+    assert f"{missing}: no such file; run `python3 countdown.py`" in proc.stderr
+
+    broken = tmp_path / "broken.jsonl"
+    good = (data_dir / "test_e.jsonl").read_text().splitlines()
+    broken.write_text("\n".join([good[0], '{"nums": [1, 2], "target": ', *good[1:3]]) + "\n")
+    proc = run_train_py([*base, f"train_dataset.path={broken}"])
+    assert proc.returncode != 0 and f"{broken}:2:" in proc.stderr
+
+    proc = run_train_py([*base, f"train_dataset.path={data_dir}/train_e.jsonl", "actor.path=/no/such/model"])
+    assert proc.returncode != 0 and "'/no/such/model' does not exist" in proc.stderr
+
+
+def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, data_dir, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # closed again before anyone connects
+    overrides = demo.cpu_overrides(tmp_path, tiny_model_dir, data_dir, steps=1) + ["+rollout.setup_timeout=3"]
+    env = demo.trainer_env(dead, demo.sglang_metadata_stub(tmp_path / "sglang-stub"))
+    proc = subprocess.Popen(
+        demo.trainer_command(overrides), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert re.search(rf"inference server\(s\) at {re.escape(dead)} did not answer", output)
+    assert not list(tmp_path.glob("checkpoints/**/*.safetensors"))
+    leftovers = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
