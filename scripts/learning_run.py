@@ -70,6 +70,7 @@ def sft_phase(args: argparse.Namespace) -> None:
     cmd[cmd.index("train_config.yaml")] = "configs/sft_warm_start.yaml"
     run(cmd, log=args.work / "sft.log", env=env)
     (args.work / "sft_seconds.txt").write_text(f"{time.time() - start:.0f}\n")
+    (args.work / "settings_sft.json").write_text(json.dumps(settings(args), indent=2) + "\n")
     print(f"[learn] warm-started model: {latest_checkpoint(fileroot, 'countdown-sft')}")
 
 
@@ -126,10 +127,17 @@ def grpo_phase(args: argparse.Namespace) -> None:
         "grpo_seconds": round(grpo_seconds),
         "pass@1_before": pass_at_1(before),
         "pass@1_after": pass_at_1(after),
-        "settings": vars(args) | {"work": str(args.work), "out": str(args.out)},
+        "settings": {
+            "sft": json.loads((args.work / "settings_sft.json").read_text()),
+            "grpo": settings(args),
+        },
     }
     (args.work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, indent=2, default=str))
+
+
+def settings(args: argparse.Namespace) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
 def device_name(device: str) -> str:
@@ -157,13 +165,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--train-size", type=int, default=100_000)
+    parser.add_argument("--train-size", type=int, default=50_000)
     parser.add_argument("--test-size", type=int, default=1000)
-    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-epochs", type=int, default=3)
     parser.add_argument("--sft-batch", type=int, default=256)
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--grpo-steps", type=int, default=40)
-    parser.add_argument("--grpo-lr", type=float, default=2e-5)
+    parser.add_argument("--grpo-steps", type=int, default=30)
+    parser.add_argument("--grpo-lr", type=float, default=5e-5)
     parser.add_argument("--batch", type=int, default=64, help="puzzles per GRPO step")
     parser.add_argument("--n-samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)

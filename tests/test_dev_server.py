@@ -1,0 +1,366 @@
+"""tools/dev_server.py against an in-process HF model and AReaL's real SGLang client."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("aiohttp")
+
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+import countdown  # noqa: E402
+from tools import dev_server as ds  # noqa: E402
+from tools.make_tiny_model import make_tiny_model  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEP_DELAY_MS = 2  # makes long requests reliably long enough to pause mid-flight
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def wait_until(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def generate(addr, input_ids, max_new_tokens=16, temperature=0.0, **sp):
+    status, body = ds.http_request(addr, "/generate", {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature, **sp},
+        "return_logprob": True,
+        "stream": False,
+    })
+    assert status == 200, body
+    return body
+
+
+def info(addr):
+    return ds.http_json(addr, "/get_server_info")
+
+
+def hf_greedy(model, ids, n):
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, top_k=None, top_p=None, temperature=None)
+    return out[0, len(ids):].tolist()
+
+
+def hf_logprobs(model, prompt, output, temperature=1.0):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    lp = torch.log_softmax(logits / temperature, -1)
+    pos = torch.arange(len(prompt) - 1, len(prompt) + len(output) - 1)
+    return lp[pos, torch.tensor(output)].tolist(), logits[pos]
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """In-process reference decoding: tiny matmuls are much slower with threads
+    competing for the same cores as the server."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def alt_model_dir(tmp_path_factory):
+    """Same architecture and tokenizer, other weights (seed 1)."""
+    return make_tiny_model(tmp_path_factory.mktemp("alt") / "model", seed=1, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    rows = countdown.generate_puzzles(4, seed=11)
+    ps = [countdown.prompt_token_ids(tok, r["messages"]) for r in rows]
+    chat = countdown.prompt_token_ids(tok, [{"role": "user", "content": "Hello, what is 2 + 2?"}])
+    return ps + [chat, chat[:9], [1, 42]]  # very different lengths: left padding matters
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    with ds.DevServer(tiny_model_dir, extra_args=["--step-delay-ms", str(STEP_DELAY_MS)]) as s:
+        yield s
+
+
+# ----------------------------------------------------------------------------- raw HTTP
+
+
+def test_health_and_info(server, tiny_model_dir):
+    assert ds.http_request(server.addr, "/health")[0] == 200
+    i = info(server.addr)
+    assert i["pid"] == server.pid and i["model_path"] == str(tiny_model_dir)
+    assert ds.http_request(server.addr, "/get_model_info")[1]["is_generation"] is True
+    assert ds.http_request(server.addr, "/v1/models")[0] == 200
+    assert ds.http_request(server.addr, "/flush_cache", {})[0] == 200
+
+
+def test_concurrent_greedy_equals_unbatched_hf(server, hf, prompts):
+    n = 24
+    batches_before = info(server.addr)["num_batches"]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        results = list(ex.map(lambda p: generate(server.addr, p, n, ignore_eos=True), prompts))
+    # the concurrent requests were served in fewer batches than requests (left-padded together)
+    assert info(server.addr)["num_batches"] - batches_before < len(prompts)
+    for p, r in zip(prompts, results):
+        meta = r["meta_info"]
+        assert meta["finish_reason"] == {"type": "length", "length": n}
+        assert meta["prompt_tokens"] == len(p) and meta["completion_tokens"] == n
+        assert r["output_ids"] == hf_greedy(hf, p, n)
+        lps = meta["output_token_logprobs"]
+        assert [t for _, t, _ in lps] == r["output_ids"]
+        ref, _ = hf_logprobs(hf, p, r["output_ids"])  # greedy: raw log-softmax
+        assert max(abs(a - b) for (a, _, _), b in zip(lps, ref)) < 1e-4
+
+
+def test_prompt_logprobs_for_scoring(server, hf, prompts):
+    """The request AReaL's RemoteInfEngine.compute_logp sends (logprob_start_len)."""
+    p = prompts[4]
+    status, r = ds.http_request(server.addr, "/generate", {
+        "input_ids": p, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "return_logprob": True, "logprob_start_len": 3, "stream": False})
+    assert status == 200
+    got = r["meta_info"]["input_token_logprobs"]
+    assert [t for _, t, _ in got] == p[3:]
+    ref, _ = hf_logprobs(hf, p[:1], p[1:])
+    assert max(abs(a - b) for (a, _, _), b in zip(got, ref[2:])) < 1e-4
+
+
+def test_sampled_logprobs_are_temperature_scaled(server, hf, prompts):
+    p, t = prompts[0], 0.7
+    r = generate(server.addr, p, 20, temperature=t, top_k=50, top_p=0.95, ignore_eos=True)
+    out = r["output_ids"]
+    ref, logits = hf_logprobs(hf, p, out, temperature=t)
+    got = [lp for lp, _, _ in r["meta_info"]["output_token_logprobs"]]
+    assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-4
+    # every sampled token is inside the top-k of its step
+    ranks = (logits > logits.gather(1, torch.tensor(out)[:, None])).sum(1)
+    assert int(ranks.max()) < 50
+
+
+def test_stop_token_ids_and_max_new_tokens(server, hf, prompts):
+    p = prompts[1]
+    free = generate(server.addr, p, 12, ignore_eos=True)["output_ids"]
+    stop = free[5]
+    j = free.index(stop)
+    r = generate(server.addr, p, 12, stop_token_ids=[stop])
+    assert r["output_ids"] == free[: j + 1]  # the stop token is part of the output, as in SGLang
+    assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert len(r["meta_info"]["output_token_logprobs"]) == j + 1
+    # ignore_eos disables token-id stops (SGLang semantics)
+    r = generate(server.addr, p, 12, stop_token_ids=[stop], ignore_eos=True)
+    assert r["output_ids"] == free and r["meta_info"]["finish_reason"]["type"] == "length"
+    r = generate(server.addr, p, 3, ignore_eos=True)
+    assert r["output_ids"] == free[:3] and r["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    r = generate(server.addr, p, 0)
+    assert r["output_ids"] == [] and r["meta_info"]["finish_reason"]["type"] == "length"
+    r = generate(server.addr, p, 12, stop_token_ids=[free[0]])
+    assert r["output_ids"] == free[:1]
+    assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": free[0]}
+
+
+def test_bad_requests_do_not_hurt(server):
+    assert ds.http_request(server.addr, "/generate", {"input_ids": []})[0] == 400
+    assert ds.http_request(server.addr, "/generate", {"input_ids": [10 ** 6]})[0] == 400
+    assert ds.http_request(server.addr, "/generate", {"input_ids": [1], "stream": True})[0] == 400
+    assert ds.http_request(server.addr, "/generate", {"input_ids": [1], "sampling_params": {"top_p": 0}})[0] == 400
+    with pytest.raises(ds.HTTPStatusError) as e:
+        ds.http_json(server.addr, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}})
+    assert e.value.status == 400 and "max_new_tokens" in e.value.body["message"]
+    status, body = ds.http_request(server.addr, "/update_weights_from_distributed", {})
+    assert status == 400 and "not supported" in body["message"]
+    assert generate(server.addr, [1, 2, 3], 2)["meta_info"]["completion_tokens"] == 2
+
+
+def test_pause_holds_requests_until_continue(server, prompts):
+    status, body = ds.http_request(server.addr, "/pause_generation", {})
+    assert status == 200 and body["success"]
+    try:
+        box = {}
+        th = threading.Thread(target=lambda: box.setdefault("r", generate(server.addr, prompts[2], 4)))
+        th.start()
+        wait_until(lambda: info(server.addr)["queued"] == 1, what="request queued")
+        time.sleep(0.5)
+        assert th.is_alive() and "r" not in box  # held, not rejected
+    finally:
+        assert ds.http_request(server.addr, "/continue_generation", {})[0] == 200
+    th.join(timeout=30)
+    assert box["r"]["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(box["r"]["output_ids"]) == 4
+
+
+def test_pause_aborts_the_running_batch_with_partial_output(server, prompts):
+    n = 2000
+    box = {}
+    th = threading.Thread(target=lambda: box.setdefault("r", generate(server.addr, prompts[3], n, ignore_eos=True)))
+    th.start()
+    wait_until(lambda: info(server.addr)["running"] == 1, what="request running")
+    time.sleep(0.1)
+    try:
+        assert ds.http_request(server.addr, "/pause_generation", {})[0] == 200
+        assert info(server.addr)["running"] == 0  # pause returned after the batch stopped
+        th.join(timeout=30)
+        r = box["r"]
+        fr = r["meta_info"]["finish_reason"]
+        assert fr["type"] == "abort", fr
+        k = len(r["output_ids"])
+        assert 0 < k < n and len(r["meta_info"]["output_token_logprobs"]) == k
+    finally:
+        ds.http_request(server.addr, "/continue_generation", {})
+
+
+def test_update_weights_from_disk(server, hf, alt_model_dir, tiny_model_dir, prompts):
+    p, n = prompts[4], 16
+    before = generate(server.addr, p, n, ignore_eos=True)
+    v0 = before["meta_info"]["weight_version"]
+    alt = AutoModelForCausalLM.from_pretrained(alt_model_dir, dtype=torch.float32).eval()
+    expected = hf_greedy(alt, p, n)
+    assert expected != before["output_ids"]
+    try:
+        status, body = ds.http_request(server.addr, "/update_weights_from_disk",
+                                    {"model_path": str(alt_model_dir), "abort_all_requests": True})
+        assert status == 200 and body["success"] is True
+        # fully applied when the call returned
+        after = generate(server.addr, p, n, ignore_eos=True)
+        assert after["output_ids"] == expected
+        assert after["meta_info"]["weight_version"] != v0
+
+        status, body = ds.http_request(server.addr, "/update_weights_from_disk",
+                                    {"model_path": "/nonexistent/model", "abort_all_requests": True})
+        assert status == 400 and body["success"] is False and "/nonexistent/model" in body["message"]
+        assert generate(server.addr, p, n, ignore_eos=True)["output_ids"] == expected  # old weights kept
+    finally:
+        status, _ = ds.http_request(server.addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
+        assert status == 200
+    assert generate(server.addr, p, n, ignore_eos=True)["output_ids"] == before["output_ids"]
+
+
+# ----------------------------------------------------------------------------- AReaL client
+
+
+def test_areal_remote_sglang_engine(server, hf, prompts):
+    areal_engine = pytest.importorskip("areal.engine")
+    from areal.api import ModelRequest
+    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+
+    config = InferenceEngineConfig(
+        experiment_name="test-dev-server", trial_name="t0", backend="sglang:d1",
+        setup_timeout=30, request_timeout=120, pause_grace_period=0.0,
+        max_concurrent_rollouts=8, consumer_batch_size=1,
+    )
+    engine = areal_engine.RemoteSGLangEngine(config)
+    engine.initialize(addr=server.addr)
+    try:
+        p = prompts[0]
+        g = GenerationHyperparameters(max_new_tokens=12, greedy=True, ignore_eos=True)
+        resp = asyncio.run(engine.agenerate(ModelRequest(rid="r1", input_ids=p, gconfig=g)))
+        assert resp.output_tokens == hf_greedy(hf, p, 12)
+        assert len(resp.output_logprobs) == 12 and resp.stop_reason == "length"
+        assert resp.input_tokens == p
+
+        # Pause mid-flight: the server aborts the request with partial output, the client
+        # resubmits prompt + partial output after continue, and the result is seamless.
+        n = 300
+        g = GenerationHyperparameters(max_new_tokens=n, greedy=True, ignore_eos=True)
+        aborted_before = info(server.addr)["num_aborted"]
+        box = {}
+
+        def run():
+            box["r"] = asyncio.run(engine.agenerate(ModelRequest(rid="r2", input_ids=p, gconfig=g)))
+
+        th = threading.Thread(target=run)
+        th.start()
+        wait_until(lambda: info(server.addr)["running"] == 1, what="request running")
+        time.sleep(0.2)
+        engine.pause_generation()
+        time.sleep(0.3)
+        engine.continue_generation()
+        th.join(timeout=120)
+        resp = box["r"]
+        assert info(server.addr)["num_aborted"] == aborted_before + 1
+        assert len(resp.output_tokens) == n == len(resp.output_logprobs)
+        assert resp.stop_reason == "length"
+        ref = hf_greedy(hf, p, n)
+        assert resp.output_tokens == ref
+        lps, _ = hf_logprobs(hf, p, ref)
+        assert max(abs(a - b) for a, b in zip(resp.output_logprobs, lps)) < 1e-4
+    finally:
+        engine.destroy()
+
+
+# ----------------------------------------------------------------------------- process hygiene
+
+
+def test_serve_leaves_no_process_when_body_raises(tiny_model_dir, tmp_path):
+    log = tmp_path / "server.log"
+    with pytest.raises(RuntimeError, match="boom"):
+        with ds.serve(tiny_model_dir, log_file=log) as addr:
+            pid = info(addr)["pid"]
+            assert alive(pid)
+            raise RuntimeError("boom")
+    assert not alive(pid)
+    with pytest.raises(OSError):
+        ds.http_json(addr, "/health", timeout=2)
+    assert log.read_text().rstrip().endswith("stopped")  # SIGTERM shut it down cleanly
+
+
+def test_server_exits_when_its_parent_is_killed(tiny_model_dir):
+    code = (
+        "import sys, time\n"
+        "from tools import dev_server\n"
+        f"s = dev_server.DevServer({str(tiny_model_dir)!r}).start()\n"
+        "print(s.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        assert alive(pid)
+    finally:
+        parent.kill()  # SIGKILL: no atexit, no cleanup in the parent
+        parent.wait()
+    wait_until(lambda: not alive(pid), timeout=15, what="orphaned server to exit")
+
+
+def test_unhealthy_server_error_names_address_and_log(tmp_path):
+    log = tmp_path / "server.log"
+    with pytest.raises(RuntimeError) as e:
+        with ds.serve(tmp_path / "no-such-model", log_file=log, timeout=60):
+            pass
+    msg = str(e.value)
+    assert "127.0.0.1:" in msg and str(log) in msg
+    assert log.exists() and log.stat().st_size > 0
