@@ -23,7 +23,14 @@ import sys
 import types
 
 
-class Dummy(Exception):
+class _DummyType(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Dummy
+
+
+class Dummy(Exception, metaclass=_DummyType):
     def __init__(self, *args, **kwargs):
         pass
 
