@@ -8,8 +8,11 @@ row of a micro-batch and tells the model where each one starts only through
 one causal mask over the whole row, so every sequence also attends to the sequences packed
 before it, and the log-probs and gradients of all but the first are silently wrong.
 
-The fix keeps packing (which is where the throughput comes from) and runs sdpa once per
-packed sequence, causal inside each one: exactly what the varlen kernel computes. Installing
+The fix keeps packing (which is where the throughput comes from) and attends causally inside
+each packed sequence only: exactly what flash-attention's varlen kernel computes. On CUDA in
+bf16/fp16 it calls that kernel as PyTorch ships it (`torch.nn.attention.varlen`), one call per
+row; elsewhere (CPU, fp32) it runs sdpa once per sequence, which is correct but slow on a GPU
+when hundreds of short sequences share a row. Installing
 it replaces the "sdpa" entry of transformers' attention registry in this process; inputs
 that are not packed (a real mask, a batch of several rows, a single sequence) go to the
 original function unchanged.
@@ -23,13 +26,51 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+try:  # PyTorch >= 2.10 ships flash-attention's varlen kernel for CUDA
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
 
-def sequence_bounds(cu_seq_lens: torch.Tensor, total_len: int) -> list[tuple[int, int]]:
-    """[start, end) of each packed sequence; padding after the last one is its own span."""
+
+def sequence_bounds(cu_seq_lens: torch.Tensor, total_len: int) -> list[int]:
+    """Start of each packed sequence plus the end; padding after the last one is its own span."""
     cuts = [int(c) for c in cu_seq_lens.tolist()]
     if cuts[-1] < total_len:
         cuts.append(total_len)
-    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    return [c for i, c in enumerate(cuts) if i == 0 or c > cuts[i - 1]]
+
+
+def sdpa_per_sequence(module, query, key, value, bounds: list[int], **kwargs) -> torch.Tensor:
+    """Any device and dtype: one causal sdpa call per packed sequence."""
+    outputs = [
+        sdpa_attention_forward(
+            module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs
+        )[0]
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
+    return torch.cat(outputs, dim=1)
+
+
+def sdpa_varlen(module, query, key, value, bounds: list[int], **kwargs) -> torch.Tensor:
+    """CUDA, bf16/fp16: PyTorch's flash-attention varlen kernel, one call for the row."""
+    heads = query.shape[1]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
+    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    q, k, v = (t[0].repeat_interleave(heads // t.shape[1], dim=0).transpose(0, 1) for t in (query, key, value))
+    out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, is_causal=True)
+    return out.unsqueeze(0)
+
+
+def varlen_usable(module: torch.nn.Module, query: torch.Tensor, **kwargs) -> bool:
+    """The kernel exists, fits the inputs, and uses the same 1/sqrt(d) scale as the model."""
+    scaling = kwargs.get("scaling") or getattr(module, "scaling", None)
+    return (
+        varlen_attn is not None
+        and query.is_cuda
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and not kwargs.get("dropout")
+        and (scaling is None or abs(scaling - query.shape[-1] ** -0.5) < 1e-6)
+    )
 
 
 def packed_sdpa_attention_forward(
@@ -50,13 +91,9 @@ def packed_sdpa_attention_forward(
     )
     if not packed:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    outputs = [
-        sdpa_attention_forward(
-            module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs
-        )[0]
-        for a, b in sequence_bounds(cu_seq_lens, query.shape[2])
-    ]
-    return torch.cat(outputs, dim=1), None
+    bounds = sequence_bounds(cu_seq_lens, query.shape[2])
+    attend = sdpa_varlen if varlen_usable(module, query, **kwargs) else sdpa_per_sequence
+    return attend(module, query, key, value, bounds, **kwargs), None
 
 
 def install() -> None:
