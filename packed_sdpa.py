@@ -20,6 +20,7 @@ original function unchanged.
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
@@ -30,6 +31,19 @@ try:  # PyTorch >= 2.10 ships flash-attention's varlen kernel for CUDA
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:
     varlen_attn = None
+
+
+def causal_kwargs() -> dict | None:
+    """How this PyTorch's varlen_attn asks for a causal mask (2.10: is_causal; later: window)."""
+    parameters = inspect.signature(varlen_attn).parameters if varlen_attn else {}
+    if "is_causal" in parameters:
+        return {"is_causal": True}
+    if "window_size" in parameters:
+        return {"window_size": (-1, 0)}
+    return None
+
+
+VARLEN_CAUSAL = causal_kwargs()
 
 
 def sequence_bounds(cu_seq_lens: torch.Tensor, total_len: int) -> list[int]:
@@ -57,7 +71,7 @@ def sdpa_varlen(module, query, key, value, bounds: list[int], **kwargs) -> torch
     cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
     longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
     q, k, v = (t[0].repeat_interleave(heads // t.shape[1], dim=0).transpose(0, 1) for t in (query, key, value))
-    out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, is_causal=True)
+    out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **VARLEN_CAUSAL)
     return out.unsqueeze(0)
 
 
@@ -65,7 +79,7 @@ def varlen_usable(module: torch.nn.Module, query: torch.Tensor, **kwargs) -> boo
     """The kernel exists, fits the inputs, and uses the same 1/sqrt(d) scale as the model."""
     scaling = kwargs.get("scaling") or getattr(module, "scaling", None)
     return (
-        varlen_attn is not None
+        VARLEN_CAUSAL is not None
         and query.is_cuda
         and query.dtype in (torch.float16, torch.bfloat16)
         and not kwargs.get("dropout")
