@@ -67,7 +67,7 @@ def main() -> None:
     for name, tag in PHASES:
         if tag in mean:
             print(f"| {name:<42} | {mean[tag]:8.3f} | {mean[tag] / total:6.1%} |")
-    print(f"| {"  reward (compute_score), part of generation":<42} | {reward:8.4f} | {reward / total:6.1%} |")
+    print(f"| {'  reward (compute_score), part of generation':<42} | {reward:8.4f} | {reward / total:6.1%} |")
     print(f"| {'step total':<42} | {total:8.3f} | {1:6.1%} |")
 
 
