@@ -7,12 +7,12 @@ run here, and speaks the same HTTP protocol to the same client code.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -163,19 +163,22 @@ def greedy_logprobs_of(model_dir: Path, prompt: list[int], completion: list[int]
     return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
 
 
-def train(run_dir: Path, model: Path, data_dir: Path, addr: str, steps: int) -> str:
-    overrides = demo.cpu_overrides(run_dir, model, data_dir, steps) + [
+def train_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> list[str]:
+    return demo.cpu_overrides(run_dir, model, data_dir, steps) + [
         # Constant negative reward, no normalisation: the random model earns no reward, and
         # this still gives every sampled token a non-zero advantage, so weights must move.
         "actor.reward_norm=null", "actor.adv_norm=null", "actor.reward_bias=-0.5",
         "actor.optimizer.lr=1e-3", "saver.freq_steps=1", "valid_dataset.batch_size=8",
     ]  # fmt: skip
+
+
+def train(run_dir: Path, model: Path, data_dir: Path, addr: str, steps: int) -> str:
     log = run_dir / f"train-{steps}.log"
-    demo.launch_trainer(run_dir, overrides, addr, log)
+    demo.launch_trainer(run_dir, train_overrides(run_dir, model, data_dir, steps), addr, log)
     return log.read_text()
 
 
-def test_two_steps_of_training_then_recovery(tiny_model_dir, data_dir, tmp_path):
+def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_dir, tmp_path):
     rows = countdown.load_puzzles(str(data_dir / "test_e.jsonl"))[:2]
     tokenizer = engine_tokenizer(tiny_model_dir)
     prompts = [countdown.prompt_token_ids(tokenizer, r["messages"]) for r in rows]
@@ -204,11 +207,49 @@ def test_two_steps_of_training_then_recovery(tiny_model_dir, data_dir, tmp_path)
         assert sorted(scalars["rollout/reward"]) == [0, 1]
         assert sorted(scalars["eval-rollout/success"]) == [0, 1]
 
-        # Rerunning with more steps resumes from the recover checkpoint of step 2.
-        resumed = train(run_dir, tiny_model_dir, data_dir, addr, steps=3)
-        assert "Recovering from" in resumed
-        assert "Train step 3/" in resumed and "Train step 1/" not in resumed
-        assert sorted(plot.load_run(run_dir / "logs" / "tensorboard")["rollout/reward"]) == [0, 1, 2]
+        # A run killed mid-way resumes from its last recover checkpoint. (This launch itself
+        # resumes the finished 2-step run at step 3; it is killed once step 3 is logged.)
+        killed_log = run_dir / "train-killed.log"
+        cmd, env = demo.trainer_launch(run_dir, train_overrides(run_dir, tiny_model_dir, data_dir, 5), addr)
+        with killed_log.open("w") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+            try:
+                wait_for(lambda: "Train step 3/" in killed_log.read_text(), proc, timeout=600)
+            finally:
+                kill_tree(proc)
+        last_logged = max(logged_steps(killed_log.read_text()))
+        assert 3 <= last_logged < 5
+        resumed = logged_steps(train(run_dir, tiny_model_dir, data_dir, addr, steps=5))
+        # The step after the last logged one, or one more if the kill fell between that
+        # step's recover checkpoint and its log line.
+        assert resumed[0] in (last_logged + 1, last_logged + 2) and resumed[-1] == 5
+        # A hard kill may lose the killed step's unflushed metrics, never the resumed ones.
+        logged = set(plot.load_run(run_dir / "logs" / "tensorboard")["rollout/reward"])
+        assert {0, 1} | {n - 1 for n in resumed} <= logged
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its workers at once, like a machine failing (torchrun gets no
+    chance to stop the workers, which run in process groups of their own)."""
+    import psutil
+
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    proc.kill()
+    proc.wait()
+
+
+def logged_steps(log: str) -> list[int]:
+    return [int(n) for n in re.findall(r"Train step (\d+)/", log)]
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, "trainer exited before the awaited step"
+        assert time.time() < deadline, "trainer too slow"
+        time.sleep(0.5)
 
 
 def run_train_py(args: list[str]) -> subprocess.CompletedProcess:

@@ -150,16 +150,20 @@ def stop_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path) -> None:
+def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tuple[list[str], dict]:
     """What `python3 -m areal.infra.launcher.local` does for the trainer, with our server.
 
     Like the launcher, it clears the run's name_resolve records first: a record left by an
     earlier launch (say, the run being resumed) would announce a weight update before the
-    new trainer has written it.
+    new trainer has written it. Returns the command and its environment.
     """
     shutil.rmtree(run_dir / "name_resolve", ignore_errors=True)
     env = trainer_env(server_addr, sglang_metadata_stub(run_dir / "sglang-stub"))
-    run_trainer(trainer_command(overrides), env, log_path)
+    return trainer_command(overrides), env
+
+
+def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path) -> None:
+    run_trainer(*trainer_launch(run_dir, overrides, server_addr), log_path)
 
 
 def summary(tensorboard_dir: Path, seconds: float) -> str:

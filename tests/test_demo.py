@@ -1,0 +1,53 @@
+"""The CPU demo (`make demo`) as a user runs it: outputs, summary, and clean interruption."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(600)
+
+
+def start_demo(run_dir: Path, steps: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tools.demo", "--run-dir", str(run_dir), "--steps", str(steps)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def processes_mentioning(path: Path) -> str:
+    return subprocess.run(["pgrep", "-af", str(path)], capture_output=True, text=True).stdout.strip()
+
+
+def test_demo_trains_plots_and_summarises(tmp_path):
+    run_dir = tmp_path / "demo"
+    proc = start_demo(run_dir, steps=2)
+    output, _ = proc.communicate(timeout=580)
+    assert proc.returncode == 0, output[-3000:]
+    assert "Train step 2/" in output
+    summary = output.strip().splitlines()[-1]
+    assert summary.startswith("[demo] done in") and "2 steps" in summary and "eval pass@1" in summary
+    assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert "rollout/reward" in (run_dir / "curves.csv").read_text().splitlines()[0]
+    assert list(run_dir.glob("checkpoints/*/*/*/default/recover_checkpoint/*"))
+    assert processes_mentioning(run_dir) == ""
+
+
+def test_interrupted_demo_leaves_no_process_behind(tmp_path):
+    run_dir = tmp_path / "demo"
+    proc = start_demo(run_dir, steps=50)
+    deadline = time.time() + 500
+    for line in proc.stdout:
+        if "Train step 1/" in line or time.time() > deadline:
+            break
+    assert processes_mentioning(run_dir), "trainer and server should be running now"
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, rest[-2000:]
+    assert "interrupted; all processes stopped" in rest
+    time.sleep(2)
+    assert processes_mentioning(run_dir) == ""
