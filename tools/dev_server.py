@@ -136,6 +136,12 @@ class BadRequest(ValueError):
     """A request the server rejects with HTTP 400."""
 
 
+_NUMERIC_PARAMS = {
+    "max_new_tokens": int, "temperature": float, "top_p": float, "top_k": int,
+    "min_p": float, "frequency_penalty": float, "presence_penalty": float,
+}
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -168,20 +174,9 @@ class SamplingParams:
         d = dict(d or {})
         p = cls()
         try:
-            if d.get("max_new_tokens") is not None:
-                p.max_new_tokens = int(d["max_new_tokens"])
-            if d.get("temperature") is not None:
-                p.temperature = float(d["temperature"])
-            if d.get("top_p") is not None:
-                p.top_p = float(d["top_p"])
-            if d.get("top_k") is not None:
-                p.top_k = int(d["top_k"])
-            if d.get("min_p") is not None:
-                p.min_p = float(d["min_p"])
-            if d.get("frequency_penalty") is not None:
-                p.frequency_penalty = float(d["frequency_penalty"])
-            if d.get("presence_penalty") is not None:
-                p.presence_penalty = float(d["presence_penalty"])
+            for name, cast in _NUMERIC_PARAMS.items():
+                if d.get(name) is not None:
+                    setattr(p, name, cast(d[name]))
             if d.get("stop_token_ids"):
                 p.stop_token_ids = tuple(int(x) for x in d["stop_token_ids"])
             stop = d.get("stop")
