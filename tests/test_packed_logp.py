@@ -91,3 +91,23 @@ def test_plain_sdpa_leaks_across_packed_sequences(tiny_model_dir):
     errors = packed_vs_unpacked_errors(tiny_model_dir, "nofix")
     assert errors[0] < 1e-4
     assert min(errors[1:]) > 1e-2, errors
+
+
+def test_sequence_bounds_keep_padding_apart_and_skip_empty_sequences():
+    import torch
+
+    import packed_sdpa
+
+    assert packed_sdpa.sequence_bounds(torch.tensor([0, 3, 3, 7]), 9) == [0, 3, 7, 9]
+    assert packed_sdpa.sequence_bounds(torch.tensor([0, 4, 9]), 9) == [0, 4, 9]
+
+
+def test_varlen_kernel_is_only_used_where_it_applies():
+    """CPU or fp32 inputs take the per-sequence path (the varlen kernel is CUDA bf16/fp16)."""
+    import torch
+
+    import packed_sdpa
+
+    module = torch.nn.Module()
+    assert not packed_sdpa.varlen_usable(module, torch.zeros(1, 4, 8, 16, dtype=torch.bfloat16))
+    assert not packed_sdpa.varlen_usable(module, torch.zeros(1, 4, 8, 16), scaling=0.25)
