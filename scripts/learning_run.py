@@ -65,9 +65,7 @@ def sft_phase(args: argparse.Namespace) -> None:
     ]  # fmt: skip
     env = demo.trainer_env("", demo.sglang_metadata_stub(args.work / "sglang-stub"))
     start = time.time()
-    cmd = demo.trainer_command(overrides)
-    cmd[cmd.index("train.py")] = "sft.py"
-    cmd[cmd.index("train_config.yaml")] = "configs/sft_warm_start.yaml"
+    cmd = demo.trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
     run(cmd, log=args.work / "sft.log", env=env)
     (args.work / "sft_seconds.txt").write_text(f"{time.time() - start:.0f}\n")
     (args.work / "settings_sft.json").write_text(json.dumps(settings(args), indent=2) + "\n")

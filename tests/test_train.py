@@ -125,9 +125,10 @@ def test_grpo_normalises_rewards_within_each_prompts_group(engine, tiny_model_di
 
     rewards = torch.tensor([0.0, 1.0, 0.1, 1.0, 0.0, 0.0, 0.1, 0.0, 1.0, 1.0, 1.0, 0.1])
     normalised = Normalization(config.actor.reward_norm)(rewards)
+    tokenizer = engine_tokenizer(tiny_model_dir)
     for g, row in enumerate(rows):
         block = slice(g * n, (g + 1) * n)
-        prompt = countdown.prompt_token_ids(engine_tokenizer(tiny_model_dir), row["messages"])
+        prompt = countdown.prompt_token_ids(tokenizer, row["messages"])
         assert (batch["input_ids"][block, : len(prompt)] == torch.tensor(prompt)).all()
         r = rewards[block]
         expected = (r - r.mean()) / (r.std() + config.actor.reward_norm.eps)

@@ -71,13 +71,15 @@ def run_step(title: str, cmd: list[str]) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def trainer_command(overrides: list[str]) -> list[str]:
+def trainer_command(
+    overrides: list[str], script: str = "train.py", config: str = "train_config.yaml"
+) -> list[str]:
     """The command AReaL's local launcher runs for the trainer (areal/infra/launcher/local.py)."""
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1", "--nproc-per-node", "1",
         "--master-addr", "localhost", "--master-port", str(free_port()),
-        "train.py", "--config", "train_config.yaml", *overrides,
+        script, "--config", config, *overrides,
     ]  # fmt: skip
 
 
