@@ -94,8 +94,13 @@ def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
     encodes, which is what `apply_chat_template(tokenize=True)` does internally, but
     always yields a plain list (transformers 5 returns a BatchEncoding there).
     """
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+    return batch_prompt_token_ids(tokenizer, [messages])[0]
+
+
+def batch_prompt_token_ids(tokenizer, conversations: list[list[dict]]) -> list[list[int]]:
+    """`prompt_token_ids` for many prompts at once (the fast tokenizer encodes in parallel)."""
+    texts = tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+    return [[int(t) for t in ids] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def reference_completion(row: dict) -> str:

@@ -6,11 +6,20 @@ written in the `<think>...</think><answer>...</answer>` format, gives it a non-z
 rate to start from (docs/results.md).
 
     torchrun --nproc-per-node 1 sft.py --config configs/sft_warm_start.yaml  (AREAL_SPMD_MODE=1)
+
+Several examples share one row (`examples_per_row`), so a batch of B rows trains on
+B * examples_per_row examples. Why: AReaL's SPMD trainer moves every row to the GPU and
+broadcasts it as separate tensors, which costs ~1.2 ms per row on the H100 machine, more
+than the whole update of a 25M model on 512 short rows. Attention inside a row is
+causal across its examples (no cross-example masking), as in naive SFT packing: each
+example still sees its own full prompt, and the first example of every row sees nothing
+else, as at inference.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 from datasets import Dataset
 
@@ -20,22 +29,38 @@ from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig, load_expr_config
 from areal.utils.hf_utils import load_hf_tokenizer
 
-packed_sdpa.install()
 
-
-def sft_example(tokenizer, row: dict) -> dict[str, list[int]]:
+def sft_examples(tokenizer, rows: list[dict]) -> list[dict[str, list[int]]]:
     """Prompt (chat template, as in training) + reference completion + EOS; loss on the latter."""
-    prompt = countdown.prompt_token_ids(tokenizer, row["messages"])
-    completion = tokenizer.encode(countdown.reference_completion(row), add_special_tokens=False)
-    completion.append(tokenizer.eos_token_id)
-    return {"input_ids": prompt + completion, "loss_mask": [0] * len(prompt) + [1] * len(completion)}
+    prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
+    completions = tokenizer([countdown.reference_completion(row) for row in rows], add_special_tokens=False)
+    examples = []
+    for prompt, completion in zip(prompts, completions["input_ids"]):
+        completion = [*completion, tokenizer.eos_token_id]
+        examples.append({"input_ids": prompt + completion, "loss_mask": [0] * len(prompt) + [1] * len(completion)})
+    return examples
+
+
+def pack_examples(examples: list[dict[str, list[int]]], per_row: int) -> list[dict[str, list[int]]]:
+    """Concatenate consecutive examples, `per_row` at a time (the last row may hold fewer)."""
+    return [
+        {key: [token for example in examples[i : i + per_row] for token in example[key]] for key in examples[i]}
+        for i in range(0, len(examples), per_row)
+    ]
+
+
+@dataclass
+class WarmStartConfig(SFTConfig):
+    examples_per_row: int = field(default=1, metadata={"help": "examples concatenated into one training row"})
 
 
 def main(argv: list[str]) -> None:
-    config, _ = load_expr_config(argv, SFTConfig)
+    packed_sdpa.install()
+    config, _ = load_expr_config(argv, WarmStartConfig)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     rows = countdown.load_puzzles(config.train_dataset.path)
-    train_set = Dataset.from_list([sft_example(tokenizer, row) for row in rows])
+    examples = sft_examples(tokenizer, rows)
+    train_set = Dataset.from_list(pack_examples(examples, config.examples_per_row))
     with SFTTrainer(config, train_dataset=train_set) as trainer:
         trainer.train()
 

@@ -3,16 +3,20 @@
     python3 scripts/learning_run.py sft  --work runs/learn --out OUT    # data, model, warm start
     python3 scripts/learning_run.py grpo --work runs/learn --out OUT    # eval, GRPO, eval
 
-Phase `sft` builds 3-4 number puzzles (countdown.py), a ~31M-parameter Qwen2-architecture
+Phase `sft` builds 3-4 number puzzles (countdown.py), a ~25M-parameter Qwen2-architecture
 model from random weights with the project's tokenizer (tools/make_tiny_model.py --preset
 small), and warm-starts it with supervised fine-tuning on the reference solutions (sft.py,
-AReaL's SFTTrainer). Phase `grpo` serves the warm-started model with the dev server (which
-stands in for SGLang, unavailable on the GPU machine), measures held-out pass@1 with
-evaluate.py, trains it with train.py exactly as the SPMD launcher would (FSDPPPOActor, disk
-weight pushes to the server), and measures pass@1 again on the same server, now holding
-the trained weights. Results, logs and the learning curve are copied to OUT.
+AReaL's SFTTrainer). The final checkpoint is copied to WORK/warm_start, with
+warm_start.json recording how it was made. Phase `grpo` serves a warm-started model
+(`--init`, default WORK/warm_start) with the dev server (which stands in for SGLang,
+unavailable on the GPU machine), measures held-out pass@1 with evaluate.py, trains it with
+train.py exactly as the SPMD launcher would (FSDPPPOActor, disk weight pushes to the
+server), and measures pass@1 again on the same server, now holding the trained weights.
+The data is regenerated when missing (same seed, same files), so the two phases can run
+on different machines. Results, logs and the learning curve are copied to OUT.
 
-`--device cpu` with small sizes rehearses the whole path on a laptop (see tests).
+`--device cpu --preset tiny` with small sizes rehearses the whole path on a laptop
+(tests/test_learning_run.py).
 """
 
 from __future__ import annotations
@@ -52,29 +56,45 @@ def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
     return max(folders, key=lambda p: int(p.name.rsplit("globalstep", 1)[1]))
 
 
+def make_data(args: argparse.Namespace) -> Path:
+    data = args.work / "data"
+    if not (data / "train_e.jsonl").exists() or not (data / "test_e.jsonl").exists():
+        run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", str(args.train_size),
+             "--test-size", str(args.test_size), "--seed", "0"])  # fmt: skip
+    return data
+
+
 def sft_phase(args: argparse.Namespace) -> None:
-    data, model, fileroot = args.work / "data", args.work / "model", args.work / "sft"
-    run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", str(args.train_size),
-         "--test-size", str(args.test_size), "--seed", "0"])  # fmt: skip
+    data, model, fileroot = make_data(args), args.work / "model", args.work / "sft"
     run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
     overrides = [
         f"actor.path={model}", f"train_dataset.path={data}/train_e.jsonl",
         f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
-        f"total_train_epochs={args.sft_epochs}", f"train_dataset.batch_size={args.sft_batch}",
+        f"total_train_epochs={args.sft_epochs}", f"examples_per_row={args.sft_pack}",
+        f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
     ]  # fmt: skip
     env = demo.trainer_env("", demo.sglang_metadata_stub(args.work / "sglang-stub"))
     start = time.time()
     cmd = demo.trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
     run(cmd, log=args.work / "sft.log", env=env)
-    (args.work / "sft_seconds.txt").write_text(f"{time.time() - start:.0f}\n")
-    (args.work / "settings_sft.json").write_text(json.dumps(settings(args), indent=2) + "\n")
-    print(f"[learn] warm-started model: {latest_checkpoint(fileroot, 'countdown-sft')}")
+    seconds = time.time() - start
+    warm_start = args.work / "warm_start"
+    shutil.rmtree(warm_start, ignore_errors=True)
+    shutil.copytree(latest_checkpoint(fileroot, "countdown-sft"), warm_start)
+    with dev_server.serve(str(warm_start), timeout=600, **server_options(args)) as addr:
+        report = evaluate(addr, warm_start, args, args.work / "eval_warm_start")
+    record = {
+        "sft_seconds": round(seconds), "device": device_name(args.device),
+        "pass@1": pass_at_1(report), "settings": settings(args),
+    }  # fmt: skip
+    (warm_start / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"[learn] warm-started model: {warm_start} ({seconds:.0f} s of SFT)")
 
 
 def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
     """train_config.yaml shrunk to one GPU shared by the actor and the dev server."""
-    data = args.work / "data"
+    data = make_data(args)
     return [
         "experiment_name=countdown-learn", "trial_name=run",
         f"cluster.fileroot={run_dir}", f"cluster.name_resolve.nfs_record_root={run_dir}/name_resolve",
@@ -93,6 +113,10 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
     ]  # fmt: skip
 
 
+def server_options(args: argparse.Namespace) -> dict:
+    return dict(device=args.device, dtype=args.dtype, max_batch=1024, log_file=args.work / "server.log")
+
+
 def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path) -> dict:
     run([sys.executable, "evaluate.py", "--server", addr, "--tokenizer", str(tokenizer),
          "--data", str(args.work / "data" / "test_e.jsonl"), "--max-new-tokens", str(args.max_new_tokens),
@@ -106,11 +130,12 @@ def pass_at_1(report: dict) -> dict[str, float]:
 
 
 def grpo_phase(args: argparse.Namespace) -> None:
-    model = latest_checkpoint(args.work / "sft", "countdown-sft")
+    model = (args.init or args.work / "warm_start").resolve()
+    if not (model / "config.json").exists():
+        raise SystemExit(f"no warm-started model at {model}: run the sft phase first, or pass --init")
     run_dir = args.work / "grpo"
     shutil.rmtree(run_dir, ignore_errors=True)
-    server = dict(device=args.device, dtype=args.dtype, max_batch=1024, log_file=args.work / "server.log")
-    with dev_server.serve(str(model), timeout=600, **server) as addr:
+    with dev_server.serve(str(model), timeout=600, **server_options(args)) as addr:
         before = evaluate(addr, model, args, args.work / "eval_before")
         start = time.time()
         demo.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr, args.work / "train.log")
@@ -120,18 +145,24 @@ def grpo_phase(args: argparse.Namespace) -> None:
     results = {
         "model": f"Qwen2 architecture, preset {args.preset}, from random weights",
         "device": device_name(args.device),
-        "sft_seconds": float((args.work / "sft_seconds.txt").read_text()),
+        "sft_seconds": warm_start_record(model).get("sft_seconds"),
         "grpo_steps": args.grpo_steps,
         "grpo_seconds": round(grpo_seconds),
         "pass@1_before": pass_at_1(before),
         "pass@1_after": pass_at_1(after),
         "settings": {
-            "sft": json.loads((args.work / "settings_sft.json").read_text()),
+            "sft": warm_start_record(model).get("settings"),
             "grpo": settings(args),
         },
     }
     (args.work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, indent=2, default=str))
+
+
+def warm_start_record(model: Path) -> dict:
+    """How the warm start was made (written by the sft phase; absent for other models)."""
+    path = model / "warm_start.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -150,7 +181,7 @@ def copy_outputs(work: Path, out: Path) -> None:
     for name in ["results.json", "curves.png", "curves.csv", "sft.log", "train.log", "server.log"]:
         if (work / name).exists():
             shutil.copy(work / name, out / name)
-    for phase in ["eval_before", "eval_after"]:
+    for phase in ["eval_warm_start", "eval_before", "eval_after"]:
         if (work / phase / "eval.md").exists():
             shutil.copy(work / phase / "eval.md", out / f"{phase}.md")
 
@@ -160,13 +191,15 @@ def main() -> None:
     parser.add_argument("phase", choices=["sft", "grpo"])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learn")
     parser.add_argument("--out", type=Path, help="copy results and logs here too")
+    parser.add_argument("--init", type=Path, help="grpo: warm-started model (default: WORK/warm_start)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--train-size", type=int, default=50_000)
+    parser.add_argument("--train-size", type=int, default=250_000)
     parser.add_argument("--test-size", type=int, default=1000)
-    parser.add_argument("--sft-epochs", type=int, default=3)
-    parser.add_argument("--sft-batch", type=int, default=256)
+    parser.add_argument("--sft-epochs", type=int, default=1)
+    parser.add_argument("--sft-batch", type=int, default=512, help="examples per SFT step")
+    parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--grpo-steps", type=int, default=30)
     parser.add_argument("--grpo-lr", type=float, default=5e-5)

@@ -61,13 +61,13 @@ def test_make_row_and_messages():
 
 def test_prompt_token_ids_returns_plain_ints():
     class FakeTokenizer:
-        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        def apply_chat_template(self, conversations, tokenize, add_generation_prompt):
             assert tokenize is False and add_generation_prompt is True
-            return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+            return ["".join(f"<{m['role']}>{m['content']}" for m in c) + "<assistant>" for c in conversations]
 
-        def encode(self, text, add_special_tokens):
+        def __call__(self, texts, add_special_tokens):
             assert add_special_tokens is False
-            return tuple(ord(c) for c in text)  # not a list, like some tokenizers return
+            return {"input_ids": [tuple(ord(c) for c in text) for text in texts]}  # not lists, like some return
 
     ids = countdown.prompt_token_ids(FakeTokenizer(), make_messages([1, 2, 3], 6))
     assert type(ids) is list and all(type(i) is int for i in ids)

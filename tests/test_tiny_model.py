@@ -105,6 +105,9 @@ def test_chat_template(tok):
     assert no_gen.endswith("<|im_end|>\n") and not no_gen.endswith("assistant\n")
     ids = countdown.prompt_token_ids(tok, msgs)
     assert ids[-3:] == tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    assert ids == tok.encode(text, add_special_tokens=False)
+    other = countdown.make_messages([10, 25, 7, 3], 99)
+    assert countdown.batch_prompt_token_ids(tok, [msgs, other]) == [ids, countdown.prompt_token_ids(tok, other)]
 
 
 def test_special_token_ids_consistent(built, tok):
@@ -162,5 +165,5 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
 
 def test_small_preset_size(tok):
     model = mtm.build_model(tok, preset="small", seed=0)
-    assert 25_000_000 <= mtm.count_params(model) <= 40_000_000
+    assert 20_000_000 <= mtm.count_params(model) <= 30_000_000
     assert model.config.num_key_value_heads < model.config.num_attention_heads

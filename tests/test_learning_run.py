@@ -1,0 +1,67 @@
+"""scripts/learning_run.py rehearsed on CPU with the tiny preset: both phases run for real
+(AReaL's SFTTrainer, then train.py against the dev server), at toy sizes, so that the GPU
+experiment of docs/results.md does not fail on a path that was never run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "16"]
+
+
+def learning_run(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "scripts/learning_run.py", *args, *TOY]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.timeout(400)
+def test_sft_then_grpo_on_cpu(tmp_path):
+    work = tmp_path / "work"
+    sft = learning_run("sft", "--work", str(work), "--sft-epochs", "1", "--sft-batch", "64", "--sft-pack", "4")
+    assert sft.returncode == 0, sft.stdout[-3000:] + sft.stderr[-3000:]
+    warm_start = work / "warm_start"
+    record = json.loads((warm_start / "warm_start.json").read_text())
+    assert record["settings"]["sft_epochs"] == 1 and record["sft_seconds"] > 0
+    assert set(record["pass@1"]) == {"all", "3 numbers", "4 numbers"}
+    scratch = load_file(work / "model" / "model.safetensors")
+    tuned = load_file(warm_start / "model.safetensors")
+    assert any(not scratch[name].equal(tuned[name]) for name in scratch)  # SFT changed the weights
+
+    # The grpo phase starts from the copied checkpoint alone, as on a second machine.
+    (work / "data" / "train_e.jsonl").unlink()
+    grpo = learning_run(
+        "grpo", "--work", str(work), "--out", str(tmp_path / "out"), "--grpo-steps", "2",
+        "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24", "--eval-every", "1",
+    )  # fmt: skip
+    assert grpo.returncode == 0, grpo.stdout[-3000:] + grpo.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["grpo_steps"] == 2 and results["sft_seconds"] == record["sft_seconds"]
+    assert results["pass@1_before"] == record["pass@1"]  # greedy: same model, same server answers
+    for phase in ("pass@1_before", "pass@1_after"):
+        assert set(results[phase]) == {"all", "3 numbers", "4 numbers"}
+        assert all(0.0 <= value <= 1.0 for value in results[phase].values())
+    for name in ("curves.png", "curves.csv", "eval_before.md", "eval_after.md", "train.log"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+    assert "rollout/reward" in (tmp_path / "out" / "curves.csv").read_text()
+
+
+def test_grpo_without_warm_start_says_what_to_do(tmp_path):
+    result = learning_run("grpo", "--work", str(tmp_path))
+    assert result.returncode != 0
+    assert "run the sft phase first, or pass --init" in result.stderr
+
+
+def test_sft_rows_pack_whole_examples_in_order():
+    import sft
+
+    examples = [{"input_ids": [i] * (i + 1), "loss_mask": [0] * i + [1]} for i in range(5)]
+    rows = sft.pack_examples(examples, per_row=2)
+    assert len(rows) == 3 and len(rows[-1]["input_ids"]) == 5  # 2 + 2 + the last one alone
+    assert [t for row in rows for t in row["input_ids"]] == [t for e in examples for t in e["input_ids"]]
+    assert [t for row in rows for t in row["loss_mask"]] == [t for e in examples for t in e["loss_mask"]]
+    assert all(len(row["input_ids"]) == len(row["loss_mask"]) for row in rows)
