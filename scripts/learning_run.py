@@ -133,6 +133,7 @@ def grpo_phase(args: argparse.Namespace) -> None:
     model = (args.init or args.work / "warm_start").resolve()
     if not (model / "config.json").exists():
         raise SystemExit(f"no warm-started model at {model}: run the sft phase first, or pass --init")
+    make_data(args)
     run_dir = args.work / "grpo"
     shutil.rmtree(run_dir, ignore_errors=True)
     with dev_server.serve(str(model), timeout=600, **server_options(args)) as addr:

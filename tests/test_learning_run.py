@@ -3,6 +3,7 @@
 experiment of docs/results.md does not fail on a path that was never run."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     assert any(not scratch[name].equal(tuned[name]) for name in scratch)  # SFT changed the weights
 
     # The grpo phase starts from the copied checkpoint alone, as on a second machine.
-    (work / "data" / "train_e.jsonl").unlink()
+    shutil.rmtree(work / "data")
     grpo = learning_run(
         "grpo", "--work", str(work), "--out", str(tmp_path / "out"), "--grpo-steps", "2",
         "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24", "--eval-every", "1",
