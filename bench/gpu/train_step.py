@@ -1,34 +1,157 @@
-"""GRPO training-step throughput of the project's FSDPPPOActor set-up on one GPU.
+"""GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor set-up, a config sweep, and TRL.
 
-    python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b] [--seqs 64]
+    python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b] [--seqs 64] [--steps 2] [--json PATH]
+                                    [--no-trl] [--compare-attention]
 
-For each model shape (random weights from a Qwen2 config; nothing downloaded), one process
-builds AReaL's FSDPPPOActor as train_config.yaml configures it (bf16, sdpa + packed_sdpa,
-gradient checkpointing, 16k-token micro-batches, 4 PPO minibatches) and times compute_logp
-+ ppo_update on a batch like the shipped config's (8 samples per prompt, ~150 prompt and
-~512 completion tokens), once with each packed-attention implementation of packed_sdpa.py:
-one sdpa call per sequence, and PyTorch's varlen flash kernel. It first checks that both
-give the same log-probs. MFU = 6 * parameters * tokens / time / measured bf16 matmul rate.
-Prints one Markdown table row per (shape, attention) to stdout.
+Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
+saved once per shape and loaded by both frameworks. The batch is the shipped config's kind:
+groups of 8 samples sharing a ~150-token prompt, 400-624 completion tokens each, one random
+reward per sample. Generation is excluded everywhere; each row times, for the whole batch,
+what happens between rollouts and the next rollout: log-probs of the current policy, then
+the policy update (with its optimizer steps).
+
+AReaL (one process per shape): FSDPPPOActor built from train_config.yaml (bf16 compute on
+fp32 master weights, sdpa + packed_sdpa.py, GRPO loss with the decoupled PPO objective),
+timing compute_logp + compute_advantages + ppo_update, for the shipped config and variants:
+gradient checkpointing off, larger actor.mb_spec.max_tokens_per_mb, one PPO minibatch
+instead of four. The knobs are changed on the same actor between rows (AReaL reads them at
+every call), so one process serves a shape. Each shape first checks that packed_sdpa.py's
+varlen kernel (its default on CUDA) and one sdpa call per sequence give the same log-probs;
+with --compare-attention the shipped config is also timed with the latter (docs/results.md
+section 2 has those numbers already).
+
+TRL (another process per shape): GRPOTrainer.train() on the same saved model, batch and GPU,
+for the shipped config, one minibatch, and gradient checkpointing off (a new trainer each).
+TRL is an extra for this bench only (not in requirements.txt): `pip install trl` (1.16.0 was
+used). Its generation is replaced through TRL's own `rollout_func` hook, which returns the
+prebuilt prompt and completion ids instantly; the rest is TRL's unchanged code: padding,
+old log-probs, rewards from a reward function that returns the batch's rewards, group-
+normalised advantages, loss, backward, clipping, AdamW steps. Set-up as TRL defaults it:
+fp32 weights with bf16 autocast (AReaL's precision too), sdpa on right-padded rows, the
+fused chunked LM head of TRL. Matching AReaL's 4 minibatches: generation batch = the whole
+batch, per_device_train_batch_size = 1/4 of it, steps_per_generation = 4 (4 optimizer steps;
+TRL then computes old log-probs, as AReaL's compute_logp does). Matching 1 minibatch:
+gradient_accumulation_steps = 4: one optimizer step, and TRL skips the old log-probs (the
+update starts on-policy, so the ratio is 1), while AReaL still computes them; for that row
+the ratio table also compares with AReaL's update alone.
+
+Reported per row: step time (best of --steps timed steps after one warm-up step, with CUDA
+synchronised), tokens/s (real tokens: prompt + completion, no padding, the same count for
+both frameworks), peak GPU memory (torch.cuda.max_memory_allocated), and two MFUs against
+the measured bf16 matmul rate:
+
+- MFU: the model FLOPs the step needs, divided by its time. Per sequence of L tokens, C of
+  them completion: one forward costs 2 * N_body * L + 2 * N_head * C + 2 * layers * hidden
+  * L^2 (N_head = vocab * hidden is the LM head, tied to the embedding, whose lookup costs
+  nothing; N_body the other parameters; only completion positions need logits; causal
+  attention scores and values: half of 4 * L^2 * hidden per layer). The step needs one
+  forward for the log-probs (when it computes them) and a forward + backward (3 forwards)
+  for the update. Recomputation by gradient checkpointing, padding and prompt-position
+  logits are work, not useful FLOPs, and are not counted.
+- MFU (6N): 6 * parameters * tokens / time, the customary formula of the earlier table
+  (docs/results.md section 2), kept so that those numbers stay comparable.
+
+Prints progress lines and Markdown tables to stdout; --json writes all rows (and every
+timed step) to a file, rewritten after each process so a run cut short keeps its rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
+START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent.parent
 SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab)
     "small": (512, 8, 8, 2, 2048, 899),
     "0.5b": (896, 24, 14, 2, 4864, 151936),
     "1.5b": (1536, 28, 12, 2, 8960, 151936),
 }
+GROUP = 8  # samples per prompt (gconfig.n_samples)
+PROMPT_LEN = 150
+DEVICE = "cuda"  # a development check on CPU sets "cpu"
+PACKED = "packed_sdpa"  # packed_sdpa.py as installed: varlen flash kernel on CUDA bf16
+PER_SEQUENCE = "per-sequence sdpa"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The knobs one row varies; TRL rows use gradient_checkpointing and n_minibatches only."""
+
+    gradient_checkpointing: bool
+    max_tokens_per_mb: int
+    n_minibatches: int
+    attention: str = PACKED
+
+
+@dataclass
+class Sample:
+    prompt: list[int]
+    completion: list[int]
+    reward: float
+
+
+def shipped_setting() -> Setting:
+    import yaml
+
+    actor = yaml.safe_load((ROOT / "train_config.yaml").read_text())["actor"]
+    return Setting(actor["gradient_checkpointing"], actor["mb_spec"]["max_tokens_per_mb"], actor["ppo_n_minibatches"])
+
+
+def areal_settings(shipped: Setting, compare_attention: bool) -> list[Setting]:
+    """Shipped first; gradient checkpointing off last, as the likeliest to run out of memory."""
+    change = dataclasses.replace
+    return [
+        shipped,
+        *([change(shipped, attention=PER_SEQUENCE)] if compare_attention else []),
+        change(shipped, max_tokens_per_mb=32768),
+        change(shipped, max_tokens_per_mb=65536),
+        change(shipped, n_minibatches=1),
+        change(shipped, n_minibatches=1, max_tokens_per_mb=65536),
+        change(shipped, gradient_checkpointing=False),
+    ]
+
+
+def trl_settings(shipped: Setting) -> list[Setting]:
+    change = dataclasses.replace
+    return [shipped, change(shipped, n_minibatches=1), change(shipped, gradient_checkpointing=False)]
+
+
+# --- device helpers (no-ops on CPU) ---------------------------------------------------------
+
+
+def sync() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def reset_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_gib() -> float:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else 0.0
 
 
 def matmul_tflops() -> float:
@@ -42,151 +165,452 @@ def matmul_tflops() -> float:
     for _ in range(reps):
         a @ a
     torch.cuda.synchronize()
-    return 2 * 8192**3 * reps / (time.perf_counter() - start) / 1e12
+    seconds = time.perf_counter() - start
+    del a
+    torch.cuda.empty_cache()  # leave the GPU's memory to the child processes
+    return 2 * 8192**3 * reps / seconds / 1e12
 
 
-def save_model(shape: str, out: Path) -> int:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+# --- model, batch, FLOPs --------------------------------------------------------------------
+
+
+def qwen2_config(shape: str):
+    from transformers import Qwen2Config
 
     hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
-    config = Qwen2Config(
+    return Qwen2Config(
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
         max_position_embeddings=4096, tie_word_embeddings=True,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(out)
-    return sum(p.numel() for p in model.parameters())
 
 
-def make_batch(n_seqs: int, vocab: int):
+def count_params(shape: str) -> int:
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in Qwen2ForCausalLM(qwen2_config(shape)).parameters())
+
+
+def ensure_model(shape: str) -> Path:
+    """Random bf16 weights saved once per shape; both frameworks load this folder."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    path = Path(f"/tmp/bench-{shape}")
+    if not (path / "config.json").exists():
+        torch.manual_seed(0)
+        with torch.device(DEVICE):  # initialising 1.5B parameters on CPU takes long
+            model = Qwen2ForCausalLM(qwen2_config(shape))
+        model.to(torch.bfloat16).save_pretrained(path)
+        del model
+    return path
+
+
+def make_samples(n_seqs: int, vocab: int) -> list[Sample]:
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    batch = []
-    for i in range(0, n_seqs, 8):  # groups of 8 samples share a prompt
-        prompt = torch.randint(0, vocab, (150,), generator=gen)
-        group = []
-        for _ in range(8):
+    samples = []
+    for _ in range(0, n_seqs, GROUP):
+        prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=gen).tolist()
+        for _ in range(GROUP):
             n_out = int(torch.randint(400, 625, (1,), generator=gen))
-            ids = torch.cat([prompt, torch.randint(0, vocab, (n_out,), generator=gen)])
-            length = len(ids)
-            group.append(dict(
-                input_ids=ids[None], attention_mask=torch.ones(1, length, dtype=torch.bool),
-                loss_mask=torch.tensor([[0] * 150 + [1] * n_out], dtype=torch.int32),
-                logprobs=torch.full((1, length), -2.0), versions=torch.zeros(1, length, dtype=torch.int32),
-                rewards=torch.rand(1, generator=gen),
-            ))  # fmt: skip
-        batch.extend(group)
-    return batch
+            completion = torch.randint(0, vocab, (n_out,), generator=gen).tolist()
+            samples.append(Sample(prompt, completion, float(torch.rand(1, generator=gen))))
+    return samples
 
 
-def one_shape(shape: str, n_seqs: int, peak_tflops: float) -> list[dict]:
-    """Runs inside its own process (the actor owns torch.distributed there)."""
-    import torch
-    from transformers import AttentionInterface
+def forward_flops(shape: str, samples: list[Sample]) -> float:
+    """Useful FLOPs of one forward over the batch (see the module docstring)."""
+    hidden, layers, *_, vocab = SHAPES[shape]
+    n_head = vocab * hidden
+    n_body = count_params(shape) - n_head
+    total = 0.0
+    for s in samples:
+        length, completion = len(s.prompt) + len(s.completion), len(s.completion)
+        total += 2 * n_body * length + 2 * n_head * completion + 2 * layers * hidden * length**2
+    return total
 
-    sys.path.insert(0, str(ROOT))
-    import packed_sdpa
+
+def timing_fields(shape, samples, n_params, peak_tflops, times, forwards) -> dict:
+    """Row fields from the timed steps; `forwards`: 4 with log-probs + update, 3 for the update only."""
+    tokens = sum(len(s.prompt) + len(s.completion) for s in samples)
+    step = min(times)
+    return dict(
+        tokens=tokens, step_s=round(step, 3), tokens_per_s=round(tokens / step),
+        mfu=round(forwards * forward_flops(shape, samples) / step / (peak_tflops * 1e12), 4),
+        mfu_6n=round(6 * n_params * tokens / step / (peak_tflops * 1e12), 4),
+        peak_mem_gib=peak_memory_gib(), times=[round(t, 4) for t in times],
+    )  # fmt: skip
+
+
+def emit(row: dict) -> None:
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def failure(e: Exception) -> str:
+    """A row's error: its traceback goes to the log, a short form into the row."""
+    traceback.print_exc()
+    return f"{type(e).__name__}: {str(e)[:150]}".replace("|", "/").replace("\n", " ")
+
+
+# --- AReaL ----------------------------------------------------------------------------------
+
+
+def build_actor(shape: str, n_seqs: int):
     from areal.api import FinetuneSpec
     from areal.api.alloc_mode import ModelAllocation
     from areal.api.cli_args import GRPOConfig, load_expr_config
     from areal.engine import FSDPPPOActor
-    from areal.utils.data import concat_padded_tensors
 
-    path = Path(f"/tmp/bench-{shape}")
-    n_params = save_model(shape, path)
     config, _ = load_expr_config(
-        ["--config", str(ROOT / "train_config.yaml"), f"actor.path={path}", "actor.backend=fsdp:d1",
+        ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", "actor.backend=fsdp:d1",
          "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr"],
         GRPOConfig,
     )  # fmt: skip
     actor = FSDPPPOActor(config.actor)
     actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
     actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=n_seqs, train_batch_size=n_seqs))
-    vocab = SHAPES[shape][5]
-    trajectories = make_batch(n_seqs, vocab)
-    batch = [concat_padded_tensors(trajectories[i : i + 8]) for i in range(0, n_seqs, 8)]
-    batch = [{k: v.cuda() for k, v in g.items()} for g in batch]
-    tokens = sum(int(g["attention_mask"].sum()) for g in batch)
-    implementations = {"per-sequence sdpa": packed_sdpa.sdpa_per_sequence, "varlen flash": packed_sdpa.sdpa_varlen}
+    return actor
 
-    def use(impl):
-        def forward(module, q, k, v, mask, **kw):
-            cu = kw.get("cu_seq_lens_q")
-            if cu is None or mask is not None or cu.numel() <= 2:
-                return packed_sdpa.sdpa_attention_forward(module, q, k, v, mask, **kw)
-            return impl(module, q, k, v, packed_sdpa.sequence_bounds(cu, q.shape[2]), **kw), None
 
-        AttentionInterface.register("sdpa", forward)
+def areal_batch(samples: list[Sample]) -> list[dict]:
+    """The trajectories as AReaL's workflow hands them over, concatenated per group."""
+    import torch
+    from areal.utils.data import concat_padded_tensors
 
-    logps = {}
-    for name, impl in implementations.items():
-        use(impl)
-        logps[name] = torch.cat([x.flatten() for x in actor.compute_logp(batch)])
-    diff = (logps["per-sequence sdpa"] - logps["varlen flash"]).abs().max().item()
-
-    rows = []
-    for name, impl in implementations.items():
-        use(impl)
-        times = []
-        for rep in range(3):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for g, logp in zip(batch, actor.compute_logp(batch)):
-                g["prox_logp"] = logp
-            actor.ppo_update(actor.compute_advantages(batch))
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        step = min(times[1:])  # rep 0 warms up
-        # compute_logp is a forward (2N flops/token), ppo_update forward+backward with
-        # gradient checkpointing (8N): 10N in all; MFU below counts the customary 6N.
-        rows.append(dict(
-            shape=shape, params_m=round(n_params / 1e6), attention=name, seqs=n_seqs, tokens=tokens,
-            step_s=round(step, 3), tokens_per_s=round(tokens / step),
-            mfu=round(6 * n_params * tokens / step / (peak_tflops * 1e12), 3),
-            peak_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 1), logp_max_diff=diff,
+    trajectories = []
+    for s in samples:
+        ids = torch.tensor(s.prompt + s.completion)
+        length = len(ids)
+        trajectories.append(dict(
+            input_ids=ids[None], attention_mask=torch.ones(1, length, dtype=torch.bool),
+            loss_mask=torch.tensor([[0] * len(s.prompt) + [1] * len(s.completion)], dtype=torch.int32),
+            logprobs=torch.full((1, length), -2.0), versions=torch.zeros(1, length, dtype=torch.int32),
+            rewards=torch.tensor([s.reward]),
         ))  # fmt: skip
+    groups = [concat_padded_tensors(trajectories[i : i + GROUP]) for i in range(0, len(samples), GROUP)]
+    return [{k: v.to(DEVICE) for k, v in g.items()} for g in groups]
+
+
+def use_attention(attention: str) -> None:
+    """Register packed_sdpa as train_config.yaml runs it, or forced to one sdpa call per sequence."""
+    from transformers import AttentionInterface
+
+    import packed_sdpa
+
+    def per_sequence(module, q, k, v, mask, **kw):
+        cu = kw.get("cu_seq_lens_q")
+        if cu is None or mask is not None or q.shape[0] != 1 or cu.numel() <= 2:
+            return packed_sdpa.sdpa_attention_forward(module, q, k, v, mask, **kw)
+        return packed_sdpa.sdpa_per_sequence(module, q, k, v, packed_sdpa.sequence_bounds(cu, q.shape[2]), **kw), None
+
+    forward = packed_sdpa.packed_sdpa_attention_forward if attention == PACKED else per_sequence
+    AttentionInterface.register("sdpa", forward)
+
+
+def configure(actor, setting: Setting) -> None:
+    """Apply a row's knobs to the live actor: AReaL reads all three at every call."""
+    actor.config.mb_spec = dataclasses.replace(actor.config.mb_spec, max_tokens_per_mb=setting.max_tokens_per_mb)
+    actor.config.ppo_n_minibatches = setting.n_minibatches
+    if setting.gradient_checkpointing:
+        actor.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        actor.model.gradient_checkpointing_disable()
+    use_attention(setting.attention)
+
+
+def areal_step(actor, batch: list[dict]) -> tuple[float, float]:
+    """Seconds for compute_logp, then for compute_advantages + ppo_update."""
+    sync()
+    start = time.perf_counter()
+    for group, logp in zip(batch, actor.compute_logp(batch)):
+        group["prox_logp"] = logp
+    sync()
+    middle = time.perf_counter()
+    actor.ppo_update(actor.compute_advantages(batch))
+    sync()
+    return middle - start, time.perf_counter() - middle
+
+
+def logp_max_diff(actor, batch: list[dict]) -> float:
+    """Largest |log-prob| difference between packed_sdpa and one sdpa call per sequence."""
+    import torch
+
+    logps = []
+    for attention in (PACKED, PER_SEQUENCE):
+        use_attention(attention)
+        logps.append(torch.cat([x.flatten() for x in actor.compute_logp(batch)]))
+    return (logps[0] - logps[1]).abs().max().item()
+
+
+def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, compare_attention: bool) -> None:
+    """Runs inside its own process (the actor owns torch.distributed there); emits one row per setting."""
+    sys.path.insert(0, str(ROOT))
+    actor = build_actor(shape, n_seqs)
+    samples = make_samples(n_seqs, SHAPES[shape][5])
+    batch = areal_batch(samples)
+    n_params = count_params(shape)
+    shipped = shipped_setting()
+    diff = logp_max_diff(actor, batch)
+    for setting in areal_settings(shipped, compare_attention):
+        row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
+                   **dataclasses.asdict(setting))  # fmt: skip
+        if setting.attention == PER_SEQUENCE or setting == shipped:
+            row["logp_max_diff"] = diff
+        try:
+            configure(actor, setting)
+            reset_memory()
+            timed = [areal_step(actor, batch) for _ in range(1 + steps)][1:]
+            best_logp, best_update = min(t[0] for t in timed), min(t[1] for t in timed)
+            row |= timing_fields(shape, samples, n_params, peak_tflops, [a + b for a, b in timed], forwards=4)
+            row |= dict(logp_s=round(best_logp, 3), update_s=round(best_update, 3),
+                        update_tokens_per_s=round(row["tokens"] / best_update))  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - one failing row (out of memory, say) must not lose the rest
+            row["error"] = failure(e)
+            actor.optimizer.zero_grad(set_to_none=True)
+        emit(row)
     actor.destroy()
+
+
+# --- TRL ------------------------------------------------------------------------------------
+
+
+def trl_tokenizer():
+    """A 3-token tokenizer: TRL needs one for padding ids and for decoding (of prebuilt ids)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def trl_trainer(model_path: Path, samples: list[Sample], setting: Setting, n_batches: int):
+    """A GRPOTrainer whose rollouts are `samples`; its generation-side processing is timed."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    n_seqs = len(samples)
+    # 4 micro-batches per batch, each a quarter like one of AReaL's 4 minibatches (~11k real tokens, one
+    # micro-batch there); an optimizer step every 4 // n_minibatches of them
+    micro_batch = n_seqs // 4
+    accumulation = 4 // setting.n_minibatches
+    args = GRPOConfig(
+        output_dir="/tmp/bench-trl", report_to="none", save_strategy="no", logging_steps=10**6, disable_tqdm=True,
+        seed=0, max_steps=n_batches * setting.n_minibatches, per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation, steps_per_generation=4, num_generations=GROUP,
+        gradient_checkpointing=setting.gradient_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
+        bf16=True, use_cpu=DEVICE == "cpu", model_init_kwargs={"attn_implementation": "sdpa"},
+        learning_rate=1e-6, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=1.0,
+        beta=0.0, epsilon=0.2, temperature=1.0, max_completion_length=max(len(s.completion) for s in samples),
+    )  # fmt: skip
+
+    def rollout(prompts: list, trainer) -> dict:
+        assert len(prompts) == n_seqs, (len(prompts), n_seqs)
+        return {"prompt_ids": [s.prompt for s in samples], "completion_ids": [s.completion for s in samples],
+                "logprobs": None}  # fmt: skip
+
+    def reward(completions: list, **kwargs) -> list[float]:
+        return [s.reward for s in samples]
+
+    class Timed(GRPOTrainer):
+        """Records seconds per batch (all its optimizer steps) and in the rollout processing."""
+
+        def __init__(self, *a, **kw):
+            self.batch_times: list[float] = []
+            self.prepare_times: list[float] = []
+            self.old_logps = False  # whether TRL computed old log-probs for its batches
+            super().__init__(*a, **kw)
+
+        def _generate_and_score_completions(self, inputs):
+            sync()
+            start = time.perf_counter()
+            output = super()._generate_and_score_completions(inputs)
+            sync()
+            self.prepare_times.append(time.perf_counter() - start)
+            self.old_logps = "old_per_token_logps" in output
+            return output
+
+    class BatchClock(TrainerCallback):
+        def __init__(self, trainer: Timed):
+            self.trainer, self.start = trainer, 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step % setting.n_minibatches == 0:
+                sync()
+                self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % setting.n_minibatches == 0:
+                sync()
+                self.trainer.batch_times.append(time.perf_counter() - self.start)
+
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"  # rollout_func is marked experimental
+    trainer = Timed(
+        model=str(model_path), reward_funcs=reward, args=args, processing_class=trl_tokenizer(),
+        train_dataset=Dataset.from_dict({"prompt": ["countdown"] * (n_seqs // GROUP)}), rollout_func=rollout,
+    )  # fmt: skip
+    trainer.add_callback(BatchClock(trainer))
+    return trainer
+
+
+def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int) -> None:
+    """Runs inside its own process, one trainer after another; emits one row per setting."""
+    import trl
+
+    model_path = ensure_model(shape)
+    samples = make_samples(n_seqs, SHAPES[shape][5])
+    n_params = count_params(shape)
+    padded = n_seqs * (PROMPT_LEN + max(len(s.completion) for s in samples))
+    for setting in trl_settings(shipped_setting()):
+        row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
+                   gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
+                   n_minibatches=setting.n_minibatches, attention="sdpa, padded", padded_tokens=padded)  # fmt: skip
+        trainer = None
+        try:
+            reset_memory()
+            trainer = trl_trainer(model_path, samples, setting, n_batches=1 + steps)
+            trainer.train()
+            forwards = 4 if trainer.old_logps else 3
+            row |= timing_fields(shape, samples, n_params, peak_tflops, trainer.batch_times[1:], forwards)
+            row |= dict(logp_s=round(min(trainer.prepare_times[1:]), 3), old_logps=trainer.old_logps)
+        except Exception as e:  # noqa: BLE001 - one failing row (out of memory, say) must not lose the rest
+            row["error"] = failure(e)
+        if trainer is not None:
+            trainer.accelerator.free_memory()
+        del trainer
+        emit(row)
+
+
+# --- driver ---------------------------------------------------------------------------------
+
+
+def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> list[dict]:
+    """One process per (framework, shape); forwards its rows as they come, keeps its log tail."""
+    env = dict(os.environ)
+    if kind == "areal":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env |= {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port), "AREAL_SPMD_MODE": "1"}  # fmt: skip
+    cmd = [sys.executable, __file__, "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
+           "--peak", str(peak)] + (["--compare-attention"] if args.compare_attention else [])  # fmt: skip
+    progress(f"{kind} {shape}: starting")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rows, tail = [], deque(maxlen=30)
+    for line in proc.stdout:
+        if line.startswith("ROW "):
+            rows.append(json.loads(line[4:]))
+            progress(f"{kind} {shape}: {summary(rows[-1])}")
+        else:
+            tail.append(line.rstrip())
+    if proc.wait() != 0:
+        progress(f"{kind} {shape} exited with {proc.returncode}; its last lines:\n" + "\n".join(tail))
     return rows
+
+
+def progress(message: str) -> None:
+    print(f"[{time.perf_counter() - START:4.0f} s] {message}", flush=True)
+
+
+def summary(row: dict) -> str:
+    knobs = (f"ckpt={'on' if row['gradient_checkpointing'] else 'off'} mb_tokens={row['max_tokens_per_mb']} "
+             f"minibatches={row['n_minibatches']} {row['attention']}")  # fmt: skip
+    if "error" in row:
+        return f"{knobs}: {row['error']}"
+    return f"{knobs}: {row['step_s']} s, {row['tokens_per_s']} tokens/s, {row['peak_mem_gib']} GiB"
+
+
+def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
+    """AReaL tokens/s over TRL tokens/s for the same checkpointing and minibatch count."""
+    out = []
+    for trl_row in (r for r in rows if r["framework"].startswith("TRL") and "error" not in r):
+        match = [
+            r for r in rows
+            if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"]
+            and r["attention"] == PACKED and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
+            and (r["gradient_checkpointing"], r["n_minibatches"])
+            == (trl_row["gradient_checkpointing"], trl_row["n_minibatches"])
+        ]  # fmt: skip
+        if match:
+            areal = match[0]
+            out.append(dict(
+                shape=trl_row["shape"], gradient_checkpointing=trl_row["gradient_checkpointing"],
+                n_minibatches=trl_row["n_minibatches"], areal_tokens_per_s=areal["tokens_per_s"],
+                trl_tokens_per_s=trl_row["tokens_per_s"], trl_old_logps=trl_row["old_logps"],
+                ratio=round(areal["tokens_per_s"] / trl_row["tokens_per_s"], 2),
+                update_only_ratio=None if trl_row["old_logps"]
+                else round(areal["update_tokens_per_s"] / trl_row["tokens_per_s"], 2),
+            ))  # fmt: skip
+    return out
+
+
+def print_tables(rows: list[dict], ratio_rows: list[dict]) -> None:
+    print("\n| framework | shape | params (M) | grad ckpt | tokens/mb | minibatches | attention | tokens | "
+          "step (s) | log-probs (s) | tokens/s | MFU | MFU (6N) | peak mem (GiB) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ckpt = "on" if r["gradient_checkpointing"] else "off"
+        knobs = (f"| {r['framework']} | {r['shape']} | {r['params_m']} | {ckpt} | {r['max_tokens_per_mb'] or '-'} "
+                 f"| {r['n_minibatches']} | {r['attention']} |")  # fmt: skip
+        if "error" in r:
+            print(f"{knobs} {r['error']} |||||||")
+            continue
+        print(f"{knobs} {r['tokens']} | {r['step_s']} | {r['logp_s']} | {r['tokens_per_s']} | {r['mfu']:.1%} | "
+              f"{r['mfu_6n']:.1%} | {r['peak_mem_gib']} |")  # fmt: skip
+    print("\nlog-probs (s): AReaL's compute_logp; TRL's processing of the rollouts: padding, old log-probs (where"
+          " the ratio table says so), rewards, advantages. Step times: the best of the timed steps.")  # fmt: skip
+    diffs = {r["shape"]: r["logp_max_diff"] for r in rows if "logp_max_diff" in r}
+    print("\nmax |log-prob| difference, packed_sdpa vs per-sequence sdpa: "
+          + ", ".join(f"{shape} {d:.2e}" for shape, d in diffs.items()))  # fmt: skip
+    print("\n| shape | grad ckpt | minibatches | AReaL tokens/s | TRL tokens/s | AReaL / TRL "
+          "| TRL computes old log-probs | AReaL update alone / TRL |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in ratio_rows:
+        print(f"| {r['shape']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['n_minibatches']} | "
+              f"{r['areal_tokens_per_s']} | {r['trl_tokens_per_s']} | {r['ratio']} | "
+              f"{'yes' if r['trl_old_logps'] else 'no'} | {r['update_only_ratio'] or '-'} |", flush=True)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["small", "0.5b", "1.5b"], choices=list(SHAPES))
-    parser.add_argument("--seqs", type=int, default=64)
-    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--seqs", type=int, default=64, help="sequences per batch (a multiple of 8)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per row, after one warm-up step")
+    parser.add_argument("--no-trl", action="store_true", help="AReaL rows only")
+    parser.add_argument("--compare-attention", action="store_true",
+                        help="also time the shipped config with one sdpa call per sequence")  # fmt: skip
+    parser.add_argument("--json", type=Path, help="write all rows here")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--peak", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one:
-        print("ROWS " + json.dumps(one_shape(args.one, args.seqs, args.peak)), flush=True)
+    if args.child:
+        kind, shape = args.child
+        if kind == "areal":
+            areal_rows(shape, args.seqs, args.peak, args.steps, args.compare_attention)
+        else:
+            trl_rows(shape, args.seqs, args.peak, args.steps)
         return
-    peak = matmul_tflops()
+
     import torch
 
-    print(f"GPU: {torch.cuda.get_device_name()}, measured bf16 matmul: {peak:.0f} TFLOP/s\n")
-    print("| shape | params (M) | attention | seqs | tokens | step (s) | tokens/s | MFU (6N) | peak mem (GiB) | max logp diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    peak = matmul_tflops()
+    gpu = torch.cuda.get_device_name()
+    print(f"GPU: {gpu}, measured bf16 matmul: {peak:.0f} TFLOP/s", flush=True)
+    shipped = shipped_setting()
+    result = dict(gpu=gpu, matmul_tflops=round(peak), shipped=dataclasses.asdict(shipped), rows=[], ratios=[])
     for shape in args.shapes:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "AREAL_SPMD_MODE": "1"}  # fmt: skip
-        proc = subprocess.run(
-            [sys.executable, __file__, "--one", shape, "--seqs", str(args.seqs), "--peak", str(peak)],
-            env=env, capture_output=True, text=True, cwd=ROOT,
-        )  # fmt: skip
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROWS ")]
-        if not lines:
-            print(f"| {shape} | failed: {(proc.stderr or proc.stdout)[-600:]!r} |")
-            continue
-        for r in json.loads(lines[0][5:]):
-            print(f"| {r['shape']} | {r['params_m']} | {r['attention']} | {r['seqs']} | {r['tokens']} | "
-                  f"{r['step_s']} | {r['tokens_per_s']} | {r['mfu']:.1%} | {r['peak_mem_gb']} | "
-                  f"{r['logp_max_diff']:.2e} |", flush=True)  # fmt: skip
+        for kind in ["areal"] + ([] if args.no_trl else ["trl"]):
+            result["rows"] += run_child(kind, shape, args, peak)
+            result["ratios"] = ratios(result["rows"], shipped)
+            if args.json:
+                args.json.write_text(json.dumps(result, indent=1))
+    print_tables(result["rows"], result["ratios"])
 
 
 if __name__ == "__main__":
