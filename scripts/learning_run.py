@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -211,6 +212,9 @@ def main() -> None:
     args = parser.parse_args()
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
+    # `timeout` on the GPU machine sends SIGTERM: stop the trainer and the server cleanly and
+    # still copy what the run has written so far.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         sft_phase(args) if args.phase == "sft" else grpo_phase(args)
     finally:
