@@ -15,7 +15,7 @@ aiohttp anyway, and the GPU image has it but not FastAPI).
 Speed: on CPU it uses one torch thread unless ``--threads`` says otherwise (tiny models
 get slower with more threads, and much slower when the cores are shared); ~2,600
 tokens/s for 32 requests x 128 new tokens with the tiny preset on one core. On an H100
-with the 31M ``small`` preset in bfloat16, a batch of 512 requests decodes at about
+with a 31M model (the earlier ``small`` preset) in bfloat16, a batch of 512 requests decodes at about
 9-11 ms per step (~50k tokens/s), bound by Python/kernel-launch overhead.
 
 Endpoints (the ones ``RemoteSGLangEngine`` calls, plus a few SGLang probes):

@@ -82,6 +82,7 @@ PROMPT_LEN = 150
 DEVICE = "cuda"  # a development check on CPU sets "cpu"
 PACKED = "packed_sdpa"  # packed_sdpa.py as installed: varlen flash kernel on CUDA bf16
 PER_SEQUENCE = "per-sequence sdpa"
+MICRO_BATCH_TOKENS = (16384, 32768, 65536)  # actor.mb_spec.max_tokens_per_mb values swept
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,7 @@ def areal_settings(shipped: Setting, compare_attention: bool) -> list[Setting]:
     return [
         shipped,
         *([change(shipped, attention=PER_SEQUENCE)] if compare_attention else []),
-        change(shipped, max_tokens_per_mb=32768),
-        change(shipped, max_tokens_per_mb=65536),
+        *[change(shipped, max_tokens_per_mb=n) for n in MICRO_BATCH_TOKENS if n != shipped.max_tokens_per_mb],
         change(shipped, n_minibatches=1),
         change(shipped, n_minibatches=1, max_tokens_per_mb=65536),
         change(shipped, gradient_checkpointing=False),
