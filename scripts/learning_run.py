@@ -95,7 +95,7 @@ def sft_phase(args: argparse.Namespace) -> None:
 
 def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
     """train_config.yaml shrunk to one GPU shared by the actor and the dev server."""
-    data = make_data(args)
+    data = args.work / "data"
     return [
         "experiment_name=countdown-learn", "trial_name=run",
         f"cluster.fileroot={run_dir}", f"cluster.name_resolve.nfs_record_root={run_dir}/name_resolve",
@@ -144,16 +144,17 @@ def grpo_phase(args: argparse.Namespace) -> None:
         grpo_seconds = time.time() - start
         after = evaluate(addr, model, args, args.work / "eval_after")
     run([sys.executable, "plot.py", str(run_dir / "logs" / "tensorboard"), "--out", str(args.work / "curves.png")])
+    warm_start = warm_start_record(model)
     results = {
         "model": f"Qwen2 architecture, preset {args.preset}, from random weights",
         "device": device_name(args.device),
-        "sft_seconds": warm_start_record(model).get("sft_seconds"),
+        "sft_seconds": warm_start.get("sft_seconds"),
         "grpo_steps": args.grpo_steps,
         "grpo_seconds": round(grpo_seconds),
         "pass@1_before": pass_at_1(before),
         "pass@1_after": pass_at_1(after),
         "settings": {
-            "sft": warm_start_record(model).get("settings"),
+            "sft": warm_start.get("settings"),
             "grpo": settings(args),
         },
     }
@@ -210,6 +211,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--eval-every", type=int, default=10)
     args = parser.parse_args()
+    if args.sft_batch % args.sft_pack:
+        parser.error(f"--sft-batch {args.sft_batch} must be a multiple of --sft-pack {args.sft_pack}")
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     # `timeout` on the GPU machine sends SIGTERM: stop the trainer and the server cleanly and
