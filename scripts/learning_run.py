@@ -103,7 +103,7 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         "rollout.backend=sglang:d1p1t1", "actor.backend=fsdp:d1p1t1",
         f"actor.path={model}", f"actor.dtype={args.dtype}", "actor.gradient_checkpointing=false",
         "actor.mb_spec.max_tokens_per_mb=32768", f"actor.optimizer.lr={args.grpo_lr}",
-        "actor.ppo_n_minibatches=2", "actor.optimizer.warmup_steps_proportion=0.0",
+        "actor.ppo_n_minibatches=2", f"actor.optimizer.warmup_steps_proportion={warmup_proportion(args)}",
         f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
         f"rollout.max_concurrent_rollouts={args.batch * args.n_samples}",
         f"train_dataset.path={data}/train_e.jsonl", f"train_dataset.batch_size={args.batch}",
@@ -111,7 +111,13 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
         f"total_train_steps={args.grpo_steps}", f"evaluator.freq_steps={args.eval_every}",
         "saver.freq_steps=null", "saver.freq_epochs=null", "recover.mode=disabled",
+        *args.set,
     ]  # fmt: skip
+
+
+def warmup_proportion(args: argparse.Namespace) -> float:
+    """AReaL sizes the lr schedule by the epoch (train size / batch), not by total_train_steps."""
+    return args.grpo_warmup / (args.train_size // args.batch)
 
 
 def server_options(args: argparse.Namespace) -> dict:
@@ -204,8 +210,11 @@ def main() -> None:
     parser.add_argument("--sft-batch", type=int, default=512, help="examples per SFT step")
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--grpo-steps", type=int, default=30)
-    parser.add_argument("--grpo-lr", type=float, default=5e-5)
+    parser.add_argument("--grpo-steps", type=int, default=70)
+    parser.add_argument("--grpo-lr", type=float, default=1e-5)
+    parser.add_argument("--grpo-warmup", type=int, default=3, help="lr warm-up steps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="grpo: extra train.py override, e.g. actor.adv_norm=null (repeatable)")
     parser.add_argument("--batch", type=int, default=64, help="puzzles per GRPO step")
     parser.add_argument("--n-samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
