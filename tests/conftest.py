@@ -1,5 +1,8 @@
-"""Shared fixtures: the project's tiny model is built once per test session (a few seconds)."""
+"""Shared fixtures: the project's tiny model is built once per test session (a few seconds),
+and a runner for scripts that need a torch.distributed process of their own."""
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,3 +20,34 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model") / "model"
     make_tiny_model(out, preset="tiny", seed=0)
     return out
+
+
+SINGLE_RANK_PRELUDE = r"""
+import os, socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
+sys.path.insert(0, sys.argv[1])
+"""
+
+
+@pytest.fixture(scope="session")
+def single_rank():
+    """Run a script as the only rank of a torch.distributed job, in a fresh interpreter.
+
+    AReaL's engines initialise a process group for their process; a subprocess keeps that
+    out of the other tests. The script sees the repository root as sys.argv[1] and the
+    given args after it, and reports by printing one line `RESULT <json>`.
+    """
+
+    def run(script: str, *args: str, timeout: int = 280):
+        proc = subprocess.run(
+            [sys.executable, "-c", SINGLE_RANK_PRELUDE + script, str(ROOT), *map(str, args)],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+        return json.loads(line.removeprefix("RESULT "))
+
+    return run

@@ -4,27 +4,15 @@ The check that would have saved a GPU session: take one group of completions for
 puzzle, reward half of them, run AReaL's FSDPPPOActor (compute_logp, compute_advantages,
 ppo_update) with `train_config.yaml`'s loss and normalisation settings, and compare the
 log-probabilities of the completions before and after. Rewarded completions must become
-more likely and the others less likely. Runs in a subprocess (the actor initialises
-torch.distributed for its process) on the tiny model, on CPU.
+more likely and the others less likely. Runs as its own process (the `single_rank`
+fixture) on the tiny model, on CPU.
 """
-
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
 SCRIPT = r"""
-import json, os, socket, sys
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
+import json, sys
 root, model_path = sys.argv[1], sys.argv[2]
-sys.path.insert(0, root)
 import torch
 from transformers import AutoTokenizer
 from areal.api import FinetuneSpec
@@ -32,6 +20,7 @@ from areal.api.alloc_mode import ModelAllocation
 from areal.api.cli_args import GRPOConfig, load_expr_config
 from areal.engine import FSDPPPOActor
 import countdown, packed_sdpa, train
+from reward_score import compute_score
 
 packed_sdpa.install()
 config, _ = load_expr_config([
@@ -58,7 +47,7 @@ class Response:  # the fields of AReaL's ModelResponse that train.trajectory rea
         self.output_versions = [0] * self.output_len
 
 texts = [right, wrong, right, wrong]
-rewards = [train.compute_score(t, puzzle) for t in texts]
+rewards = [compute_score(t, puzzle) for t in texts]
 
 def completion_logps(batch):
     out = []
@@ -82,14 +71,8 @@ print("RESULT", json.dumps({"rewards": rewards,
 
 
 @pytest.mark.timeout(300)
-def test_one_update_raises_rewarded_completions_and_lowers_the_rest(tiny_model_dir):
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(ROOT), str(tiny_model_dir)],
-        capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    result = json.loads(line.removeprefix("RESULT "))
+def test_one_update_raises_rewarded_completions_and_lowers_the_rest(tiny_model_dir, single_rank):
+    result = single_rank(SCRIPT, tiny_model_dir)
     assert result["rewards"] == [1.0, 0.1, 1.0, 0.1]
     right, wrong = result["delta"][0], result["delta"][1]
     assert right > 0 > wrong, result["delta"]

@@ -1,25 +1,13 @@
 """AReaL's FSDP actor with sdpa on packed micro-batches, against unpacked Hugging Face forwards.
 
-Runs in a subprocess: the actor initialises torch.distributed (gloo, CPU) for its process,
-and a fresh interpreter keeps that out of the other tests.
+Runs as its own process (the `single_rank` fixture): the actor initialises torch.distributed
+(gloo, CPU) for its process.
 """
-
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
 SCRIPT = r"""
-import json, os, socket, sys
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
-sys.path.insert(0, sys.argv[1])
+import json, sys
 import torch
 from transformers import AutoModelForCausalLM
 from areal.api import FinetuneSpec
@@ -64,31 +52,21 @@ print("RESULT", json.dumps(errors))
 """
 
 
-def packed_vs_unpacked_errors(model_dir: Path, mode: str) -> list[float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(ROOT), str(model_dir), mode],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
-
-
 @pytest.mark.timeout(600)
-def test_packed_logp_matches_unpacked_forward_with_fix(tiny_model_dir):
-    errors = packed_vs_unpacked_errors(tiny_model_dir, "fix")
+def test_packed_logp_matches_unpacked_forward_with_fix(tiny_model_dir, single_rank):
+    errors = single_rank(SCRIPT, tiny_model_dir, "fix")
     assert len(errors) == 4
     assert max(errors) < 1e-4, errors
 
 
 @pytest.mark.timeout(600)
-def test_plain_sdpa_leaks_across_packed_sequences(tiny_model_dir):
+def test_plain_sdpa_leaks_across_packed_sequences(tiny_model_dir, single_rank):
     """The trap itself: without the fix, only the first packed sequence is right.
 
     If this starts failing, AReaL or transformers fixed packing for sdpa and packed_sdpa.py
     may no longer be needed.
     """
-    errors = packed_vs_unpacked_errors(tiny_model_dir, "nofix")
+    errors = single_rank(SCRIPT, tiny_model_dir, "nofix")
     assert errors[0] < 1e-4
     assert min(errors[1:]) > 1e-2, errors
 
