@@ -116,8 +116,13 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
 
 
 def warmup_proportion(args: argparse.Namespace) -> float:
-    """AReaL sizes the lr schedule by the epoch (train size / batch), not by total_train_steps."""
-    return args.grpo_warmup / (args.train_size // args.batch)
+    """AReaL sizes the lr schedule by the epoch (train puzzles / batch), not by total_train_steps.
+
+    Counted from the train file itself: make_data keeps an existing one, whatever its size.
+    """
+    with (args.work / "data" / "train_e.jsonl").open() as f:
+        puzzles = sum(1 for _ in f)
+    return args.grpo_warmup / (puzzles // args.batch)
 
 
 def server_options(args: argparse.Namespace) -> dict:
