@@ -319,7 +319,9 @@ async def run_samples(url: str, rows: list[dict], puzzles: list[int], prompts: l
         progress.update(sample)
         return sample
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+    # aiohttp opens at most 100 connections by default, which would cap --concurrency there
+    connector = aiohttp.TCPConnector(limit=args.concurrency)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), connector=connector) as session:
         served_model = await check_server(session, url)
         jobs = [one(session, p, prompt, j) for p, prompt in zip(puzzles, prompts) for j in range(args.n)]
         return served_model, list(await asyncio.gather(*jobs))

@@ -241,6 +241,38 @@ def test_flaky_server_is_retried_then_counted(tokenizer, tiny_model_dir, data_fi
     assert "1 request(s) failed (up to 3 tries each)" in err
 
 
+def test_concurrency_above_100_is_honoured(tokenizer, tiny_model_dir, data_file, tmp_path, capsys):
+    """A fake server (mocks SGLang's /generate) holds each request until 120 are in flight, as
+    --concurrency 120 asks (aiohttp's default connection pool stops at 100), or for 5 s."""
+    in_flight, most = 0, 0
+    all_arrived = asyncio.Event()
+
+    async def generate(request: web.Request) -> web.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        if in_flight == 120:
+            all_arrived.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(all_arrived.wait(), timeout=5)
+        in_flight -= 1
+        meta = {"finish_reason": {"type": "stop", "matched": 2}, "completion_tokens": 0,
+                "output_token_logprobs": []}
+        return web.json_response({"text": "", "meta_info": meta})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/generate", generate)
+    with fake_server(app) as addr:
+        code, out, err = run_main(capsys, "--server", addr, "--tokenizer", tiny_model_dir, "--data", data_file,
+                                  "--n", 6, "--concurrency", 120, "--out-dir", tmp_path)
+    assert code == 0, err
+    assert most == 120
+
+
 def test_unreachable_server_is_one_clear_error(tiny_model_dir, data_file, capsys):
     addr = f"127.0.0.1:{dev_server.find_free_port()}"
     code, out, err = run_main(capsys, "--server", addr, "--tokenizer", tiny_model_dir, "--data", data_file)
