@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+START = time.time()
 sys.path.insert(0, str(ROOT))
 
 from tools import demo, dev_server  # noqa: E402
@@ -38,7 +39,7 @@ from tools import demo, dev_server  # noqa: E402
 
 def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> None:
     """Run a step; with `log`, its output goes there and its tail is shown if it fails."""
-    print(f"[learn] {' '.join(cmd)[:200]}", flush=True)
+    print(f"[learn {time.time() - START:.0f} s] {' '.join(cmd)[:200]}", flush=True)
     if log is None:
         subprocess.run(cmd, cwd=ROOT, check=True, env=env)
         return
@@ -151,6 +152,7 @@ def grpo_phase(args: argparse.Namespace) -> None:
     with dev_server.serve(str(model), timeout=600, **server_options(args)) as addr:
         before = evaluate(addr, model, args, args.work / "eval_before")
         start = time.time()
+        print(f"[learn {start - START:.0f} s] train.py, {args.grpo_steps} GRPO steps", flush=True)
         demo.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr, args.work / "train.log")
         grpo_seconds = time.time() - start
         after = evaluate(addr, model, args, args.work / "eval_after")
