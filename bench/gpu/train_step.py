@@ -346,7 +346,26 @@ def logp_max_diff(actor, batch: list[dict]) -> float:
     return (logps[0] - logps[1]).abs().max().item()
 
 
-def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, compare_attention: bool) -> None:
+def profile_step(step, out: Path) -> None:
+    """One more step under torch.profiler: the 40 costliest GPU ops, and how busy the GPU was."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    table = events.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90)
+    out.write_text(f"wall {wall:.3f} s (profiled), GPU kernels {kernel_us / 1e6:.3f} s\n\n{table}\n")
+
+
+def areal_rows(
+    shape: str, n_seqs: int, peak_tflops: float, steps: int, compare_attention: bool, profile_dir: Path | None
+) -> None:
     """Runs inside its own process (the actor owns torch.distributed there); emits one row per setting."""
     sys.path.insert(0, str(ROOT))
     actor = build_actor(shape, n_seqs)
@@ -368,6 +387,8 @@ def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, compare_
             row |= timing_fields(shape, samples, n_params, peak_tflops, [a + b for a, b in timed], forwards=4)
             row |= dict(logp_s=round(best_logp, 3), update_s=round(best_update, 3),
                         update_tokens_per_s=round(row["tokens"] / best_update))  # fmt: skip
+            if profile_dir and setting == shipped:
+                profile_step(lambda: areal_step(actor, batch), profile_dir / f"profile_areal_{shape}.txt")
         except Exception as e:  # noqa: BLE001 - one failing row (out of memory, say) must not lose the rest
             row["error"] = failure(e)
             actor.optimizer.zero_grad(set_to_none=True)
@@ -500,6 +521,8 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> l
                 "MASTER_PORT": str(port), "AREAL_SPMD_MODE": "1"}  # fmt: skip
     cmd = [sys.executable, __file__, "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
            "--peak", str(peak)] + (["--compare-attention"] if args.compare_attention else [])  # fmt: skip
+    if args.profile:
+        cmd += ["--profile", str(args.profile)]
     progress(f"{kind} {shape}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows, tail = [], deque(maxlen=30)
@@ -586,13 +609,15 @@ def main() -> None:
     parser.add_argument("--compare-attention", action="store_true",
                         help="also time the shipped config with one sdpa call per sequence")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write all rows here")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile one more step of AReaL's shipped config: DIR/profile_areal_SHAPE.txt")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--peak", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, shape = args.child
         if kind == "areal":
-            areal_rows(shape, args.seqs, args.peak, args.steps, args.compare_attention)
+            areal_rows(shape, args.seqs, args.peak, args.steps, args.compare_attention, args.profile)
         else:
             trl_rows(shape, args.seqs, args.peak, args.steps)
         return
