@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from dataclasses import dataclass, field
 
 import torch
 from datasets import Dataset
@@ -93,6 +94,25 @@ def trajectory(response, reward: float) -> dict[str, torch.Tensor]:
     }
 
 
+def has_reward_spread(group: dict[str, torch.Tensor]) -> bool:
+    """Whether a puzzle's completions earned different rewards.
+
+    With rewards normalised per group, a group whose completions all score the same (all
+    solved, or all failed) has zero advantage on every token: it costs a training pass and
+    teaches nothing. `skip_uniform_groups` drops such groups and samples more puzzles until
+    the batch is full (DAPO's dynamic sampling).
+    """
+    rewards = group["rewards"]
+    return bool(rewards.max() > rewards.min())
+
+
+@dataclass
+class CountDownConfig(GRPOConfig):
+    skip_uniform_groups: bool = field(
+        default=False, metadata={"help": "train only on puzzles whose completions got different rewards"}
+    )
+
+
 def load_split(path: str) -> Dataset:
     """Validated puzzles (file and line named on any bad row) as a `datasets.Dataset`."""
     return Dataset.from_list(countdown.load_puzzles(path))
@@ -122,7 +142,7 @@ def start_trainer(config: GRPOConfig, train_set: Dataset, valid_set: Dataset) ->
 
 
 def main(argv: list[str]) -> None:
-    config, _ = load_expr_config(argv, GRPOConfig)
+    config, _ = load_expr_config(argv, CountDownConfig)
     try:
         check_model_path(config.actor.path)
         train_set = load_split(config.train_dataset.path)
@@ -136,6 +156,7 @@ def main(argv: list[str]) -> None:
             workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path),
             eval_workflow="train.CountDownWorkflow",
             eval_workflow_kwargs=dict(gconfig=config.eval_gconfig, tokenizer=tokenizer_path),
+            dynamic_filter_fn="train.has_reward_spread" if config.skip_uniform_groups else None,
         )
 
 

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 from areal.api import FinetuneSpec
 from areal.api.alloc_mode import ModelAllocation
-from areal.api.cli_args import GRPOConfig, load_expr_config
+from areal.api.cli_args import load_expr_config
 from areal.engine import FSDPPPOActor
 import countdown, packed_sdpa, train
 from reward_score import compute_score
@@ -27,7 +27,7 @@ config, _ = load_expr_config([
     "--config", f"{root}/train_config.yaml", f"actor.path={model_path}", "actor.dtype=float32",
     "actor.backend=fsdp:d1", "actor.gradient_checkpointing=false", "actor.optimizer.lr=1e-5",
     "actor.optimizer.warmup_steps_proportion=0", "actor.ppo_n_minibatches=1", "gconfig.n_samples=4",
-], GRPOConfig)
+], train.CountDownConfig)
 actor = FSDPPPOActor(config.actor)
 actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
 actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=100, train_batch_size=1))

@@ -21,13 +21,15 @@ def readme_training_commands() -> list[str]:
 def parse(command: str):
     from omegaconf import OmegaConf
 
-    from areal.api.cli_args import GRPOConfig, parse_cli_args, to_structured_cfg
+    from areal.api.cli_args import parse_cli_args, to_structured_cfg
+
+    from train import CountDownConfig
 
     args = shlex.split(command)
     args = args[args.index("--config") :]
     args[1] = str(ROOT / args[1])
     cfg, _ = parse_cli_args(args)
-    return OmegaConf.to_object(to_structured_cfg(cfg, GRPOConfig))
+    return OmegaConf.to_object(to_structured_cfg(cfg, CountDownConfig))
 
 
 def test_readme_shows_every_launch_mode():

@@ -1,8 +1,9 @@
 """train.py on CPU: the workflow through AReaL's real RemoteSGLangEngine and the dev server,
 GRPO grouping, a two-step training run with disk weight pushes, recovery, and bad input.
 
-Nothing is mocked: the dev server (tools/dev_server.py) stands in for SGLang, which cannot
-run here, and speaks the same HTTP protocol to the same client code.
+Nothing is mocked but the trainer of one test, which says why: the dev server
+(tools/dev_server.py) stands in for SGLang, which cannot run here, and speaks the same HTTP
+protocol to the same client code.
 """
 
 from __future__ import annotations
@@ -110,12 +111,14 @@ def test_grpo_normalises_rewards_within_each_prompts_group(engine, tiny_model_di
     """Every prompt gets exactly n_samples trajectories, consecutive in the batch, and the
     shipped reward_norm (group_size = gconfig.n_samples) centres and scales each group alone.
     The rewards are replaced by known values: what is tested is the grouping, not the model."""
-    from areal.api.cli_args import GRPOConfig, parse_cli_args, to_structured_cfg
+    from areal.api.cli_args import parse_cli_args, to_structured_cfg
     from areal.utils.data import Normalization, concat_padded_tensors
     from omegaconf import OmegaConf
 
+    from train import CountDownConfig
+
     cfg, _ = parse_cli_args(["--config", str(ROOT / "train_config.yaml"), "gconfig.n_samples=4"])
-    config = OmegaConf.to_object(to_structured_cfg(cfg, GRPOConfig))
+    config = OmegaConf.to_object(to_structured_cfg(cfg, CountDownConfig))
     n = config.gconfig.n_samples
     assert config.actor.reward_norm.group_size == n
 
@@ -295,3 +298,38 @@ def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, 
     assert not list(tmp_path.glob("checkpoints/**/*.safetensors"))
     leftovers = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
+
+
+def test_skip_uniform_groups_hands_the_filter_to_the_trainer(tiny_model_dir, data_dir, tmp_path, monkeypatch):
+    """skip_uniform_groups=true gives PPOTrainer.train train.has_reward_spread, by the name AReaL
+    resolves, as its dynamic filter; the default gives none. The trainer is mocked by a recorder:
+    the tiny model solves no puzzle, so a real run would drop every group and never fill a batch."""
+    from areal.infra.remote_inf_engine import RemoteInfEngine
+
+    import train
+
+    calls = []
+
+    class Recorder:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def train(self, **kwargs):
+            calls.append(kwargs)
+
+    monkeypatch.setattr(train, "start_trainer", lambda *args: Recorder())
+    argv = ["--config", str(ROOT / "train_config.yaml"), f"cluster.fileroot={tmp_path}",
+            f"cluster.name_resolve.nfs_record_root={tmp_path}/nr", f"actor.path={tiny_model_dir}",
+            f"train_dataset.path={data_dir}/train_e.jsonl", f"valid_dataset.path={data_dir}/test_e.jsonl"]  # fmt: skip
+    train.main([*argv, "skip_uniform_groups=true"])
+    train.main(argv)
+    assert [c["dynamic_filter_fn"] for c in calls] == ["train.has_reward_spread", None]
+
+    keep = RemoteInfEngine._resolve_should_accept_fn(None, calls[0]["dynamic_filter_fn"])
+    assert keep({"rewards": torch.tensor([0.0, 0.1, 0.0, 0.0])})
+    assert keep({"rewards": torch.tensor([1.0, 0.0, 1.0, 1.0])})
+    assert not keep({"rewards": torch.zeros(4)})
+    assert not keep({"rewards": torch.ones(4)})

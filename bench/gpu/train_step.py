@@ -262,13 +262,14 @@ def failure(e: Exception) -> str:
 def build_actor(shape: str, n_seqs: int):
     from areal.api import FinetuneSpec
     from areal.api.alloc_mode import ModelAllocation
-    from areal.api.cli_args import GRPOConfig, load_expr_config
+    from areal.api.cli_args import load_expr_config
     from areal.engine import FSDPPPOActor
+    from train import CountDownConfig
 
     config, _ = load_expr_config(
         ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", "actor.backend=fsdp:d1",
          "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr"],
-        GRPOConfig,
+        CountDownConfig,
     )  # fmt: skip
     actor = FSDPPPOActor(config.actor)
     actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
