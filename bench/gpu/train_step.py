@@ -1,7 +1,7 @@
 """GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor set-up, a config sweep, and TRL.
 
     python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b] [--seqs 64] [--steps 2] [--json PATH]
-                                    [--no-trl] [--compare-attention]
+                                    [--no-trl] [--compare-attention] [--liger] [--profile DIR]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
 saved once per shape and loaded by both frameworks. The batch is the shipped config's kind:
@@ -50,6 +50,10 @@ the measured bf16 matmul rate:
   logits are work, not useful FLOPs, and are not counted.
 - MFU (6N): 6 * parameters * tokens / time, the customary formula of the earlier table
   (docs/results.md section 2), kept so that those numbers stay comparable.
+
+--liger runs the AReaL rows with Liger's fused RMSNorm, SwiGLU and rotary kernels (an extra
+like TRL: `pip install liger-kernel`); --profile DIR writes the costliest GPU operations of
+one more step of the shipped setting to DIR/profile_areal[_liger]_SHAPE.txt.
 
 Prints progress lines and Markdown tables to stdout; --json writes all rows (and every
 timed step) to a file, rewritten after each process so a run cut short keeps its rows.
@@ -364,11 +368,25 @@ def profile_step(step, out: Path) -> None:
     out.write_text(f"wall {wall:.3f} s (profiled), GPU kernels {kernel_us / 1e6:.3f} s\n\n{table}\n")
 
 
+def use_liger() -> None:
+    """Liger's fused Triton kernels for Qwen2's RMSNorm, SwiGLU MLP and rotary embedding.
+
+    They replace transformers' module classes, so they apply to the model AReaL builds next.
+    The LM head stays as it is: AReaL computes log-probs from the logits itself.
+    """
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+
+    apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False)
+
+
 def areal_rows(
-    shape: str, n_seqs: int, peak_tflops: float, steps: int, compare_attention: bool, profile_dir: Path | None
+    shape: str, n_seqs: int, peak_tflops: float, steps: int, compare_attention: bool, profile_dir: Path | None,
+    liger: bool,
 ) -> None:
     """Runs inside its own process (the actor owns torch.distributed there); emits one row per setting."""
     sys.path.insert(0, str(ROOT))
+    if liger:
+        use_liger()
     actor = build_actor(shape, n_seqs)
     samples = make_samples(n_seqs, SHAPES[shape][5])
     batch = areal_batch(samples)
@@ -376,7 +394,7 @@ def areal_rows(
     shipped = shipped_setting()
     diff = logp_max_diff(actor, batch)
     for setting in areal_settings(shipped, compare_attention):
-        row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
+        row = dict(framework="AReaL + Liger" if liger else "AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    **dataclasses.asdict(setting))  # fmt: skip
         if setting.attention == PER_SEQUENCE or setting == shipped:
             row["logp_max_diff"] = diff
@@ -389,7 +407,8 @@ def areal_rows(
             row |= dict(logp_s=round(best_logp, 3), update_s=round(best_update, 3),
                         update_tokens_per_s=round(row["tokens"] / best_update))  # fmt: skip
             if profile_dir and setting == shipped:
-                profile_step(lambda: areal_step(actor, batch), profile_dir / f"profile_areal_{shape}.txt")
+                name = f"profile_areal{'_liger' if liger else ''}_{shape}.txt"
+                profile_step(lambda: areal_step(actor, batch), profile_dir / name)
         except Exception as e:  # noqa: BLE001 - one failing row (out of memory, say) must not lose the rest
             row["error"] = failure(e)
             actor.optimizer.zero_grad(set_to_none=True)
@@ -524,6 +543,8 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> l
            "--peak", str(peak)] + (["--compare-attention"] if args.compare_attention else [])  # fmt: skip
     if args.profile:
         cmd += ["--profile", str(args.profile)]
+    if args.liger:
+        cmd += ["--liger"]
     progress(f"{kind} {shape}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows, tail = [], deque(maxlen=30)
@@ -610,6 +631,8 @@ def main() -> None:
     parser.add_argument("--compare-attention", action="store_true",
                         help="also time the shipped config with one sdpa call per sequence")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write all rows here")
+    parser.add_argument("--liger", action="store_true",
+                        help="AReaL rows with Liger's fused RMSNorm/SwiGLU/RoPE kernels (pip install liger-kernel)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile one more step of AReaL's shipped config: DIR/profile_areal_SHAPE.txt")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -618,7 +641,7 @@ def main() -> None:
     if args.child:
         kind, shape = args.child
         if kind == "areal":
-            areal_rows(shape, args.seqs, args.peak, args.steps, args.compare_attention, args.profile)
+            areal_rows(shape, args.seqs, args.peak, args.steps, args.compare_attention, args.profile, args.liger)
         else:
             trl_rows(shape, args.seqs, args.peak, args.steps)
         return
