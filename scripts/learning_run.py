@@ -95,7 +95,15 @@ def sft_phase(args: argparse.Namespace) -> None:
 
 
 def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
-    """train_config.yaml shrunk to one GPU shared by the actor and the dev server."""
+    """train_config.yaml shrunk to one GPU shared by the actor and the dev server.
+
+    Tuned for steps per call (docs/results.md, attempt 4): the proximal log-probs are
+    interpolated (no extra forward pass), two steps' rollouts may be in flight (the dev
+    server's decode step costs about the same for 1024 sequences as for 512), training
+    samples stop at --train-max-new-tokens (the reference solutions need < 120 tokens; a
+    rare runaway sample otherwise holds its whole batch for 256 decode steps), and a
+    micro-batch holds a whole minibatch of this small model.
+    """
     data = args.work / "data"
     return [
         "experiment_name=countdown-learn", "trial_name=run",
@@ -103,10 +111,12 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         "cluster.n_gpus_per_node=1", "allocation_mode=sglang:d1p1t1+fsdp:d1p1t1",
         "rollout.backend=sglang:d1p1t1", "actor.backend=fsdp:d1p1t1",
         f"actor.path={model}", f"actor.dtype={args.dtype}", "actor.gradient_checkpointing=false",
-        "actor.mb_spec.max_tokens_per_mb=32768", f"actor.optimizer.lr={args.grpo_lr}",
+        "actor.mb_spec.max_tokens_per_mb=131072", f"actor.optimizer.lr={args.grpo_lr}",
         "actor.ppo_n_minibatches=2", f"actor.optimizer.warmup_steps_proportion={warmup_proportion(args)}",
-        f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
-        f"rollout.max_concurrent_rollouts={args.batch * args.n_samples}",
+        "actor.prox_logp_method=loglinear",
+        f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.train_max_new_tokens}",
+        f"eval_gconfig.max_new_tokens={args.max_new_tokens}",
+        f"rollout.max_concurrent_rollouts={2 * args.batch * args.n_samples}",
         f"train_dataset.path={data}/train_e.jsonl", f"train_dataset.batch_size={args.batch}",
         f"valid_dataset.path={data}/test_e.jsonl", f"valid_dataset.batch_size={args.test_size}",
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
@@ -217,15 +227,16 @@ def main() -> None:
     parser.add_argument("--sft-batch", type=int, default=512, help="examples per SFT step")
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--grpo-steps", type=int, default=70)
+    parser.add_argument("--grpo-steps", type=int, default=94)
     parser.add_argument("--grpo-lr", type=float, default=1e-5)
     parser.add_argument("--grpo-warmup", type=int, default=3, help="lr warm-up steps")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="grpo: extra train.py override, e.g. actor.adv_norm=null (repeatable)")
     parser.add_argument("--batch", type=int, default=64, help="puzzles per GRPO step")
     parser.add_argument("--n-samples", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="evaluation (evaluate.py and in training)")
+    parser.add_argument("--train-max-new-tokens", type=int, default=192, help="grpo: training samples")
+    parser.add_argument("--eval-every", type=int, default=24)
     args = parser.parse_args()
     if args.sft_batch % args.sft_pack:
         parser.error(f"--sft-batch {args.sft_batch} must be a multiple of --sft-pack {args.sft_pack}")

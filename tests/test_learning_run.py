@@ -37,7 +37,8 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     shutil.rmtree(work / "data")
     grpo = learning_run(
         "grpo", "--work", str(work), "--out", str(tmp_path / "out"), "--grpo-steps", "2",
-        "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24", "--eval-every", "1",
+        "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24", "--train-max-new-tokens", "24",
+        "--eval-every", "1",
     )  # fmt: skip
     assert grpo.returncode == 0, grpo.stdout[-3000:] + grpo.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text())
