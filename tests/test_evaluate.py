@@ -182,8 +182,16 @@ def test_server_mode_greedy_is_deterministic(server, tiny_model_dir, data_file, 
 
 
 @contextlib.contextmanager
-def fake_server(app: web.Application):
-    """Serve an aiohttp app on a free port from a background thread."""
+def fake_server(generate):
+    """Serve a /generate handler (a mock of SGLang's) and /health on a free port, from a
+    background thread."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/generate", generate)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
@@ -198,6 +206,13 @@ def fake_server(app: web.Application):
         thread.join()
         loop.run_until_complete(runner.cleanup())
         loop.close()
+
+
+def sglang_reply(ids: list[int]) -> web.Response:
+    """A finished completion of `ids` in SGLang's /generate response format."""
+    meta = {"finish_reason": {"type": "stop", "matched": 2}, "completion_tokens": len(ids),
+            "output_token_logprobs": [[-0.1, t, None] for t in ids]}
+    return web.json_response({"text": "", "meta_info": meta})
 
 
 def test_flaky_server_is_retried_then_counted(tokenizer, tiny_model_dir, data_file, tmp_path,
@@ -216,18 +231,9 @@ def test_flaky_server_is_retried_then_counted(tokenizer, tiny_model_dir, data_fi
         tries[prompt] = tries.get(prompt, 0) + 1
         if prompt == broken or tries[prompt] == 1:
             return web.json_response({"error": "boom"}, status=500)
-        ids = tokenizer.encode(f"<think>easy</think>\n<answer>{answers[prompt]}</answer>")
-        meta = {"finish_reason": {"type": "stop", "matched": 2}, "completion_tokens": len(ids),
-                "output_token_logprobs": [[-0.1, t, None] for t in ids]}
-        return web.json_response({"text": "", "meta_info": meta})
+        return sglang_reply(tokenizer.encode(f"<think>easy</think>\n<answer>{answers[prompt]}</answer>"))
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_post("/generate", generate)
-    with fake_server(app) as addr:
+    with fake_server(generate) as addr:
         code, out, err = run_main(capsys, "--server", addr, "--tokenizer", tiny_model_dir,
                                   "--data", data_file, "--retries", 3, "--out-dir", tmp_path)
     assert code == 0, err
@@ -256,17 +262,9 @@ def test_concurrency_above_100_is_honoured(tokenizer, tiny_model_dir, data_file,
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(all_arrived.wait(), timeout=5)
         in_flight -= 1
-        meta = {"finish_reason": {"type": "stop", "matched": 2}, "completion_tokens": 0,
-                "output_token_logprobs": []}
-        return web.json_response({"text": "", "meta_info": meta})
+        return sglang_reply([])
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_post("/generate", generate)
-    with fake_server(app) as addr:
+    with fake_server(generate) as addr:
         code, out, err = run_main(capsys, "--server", addr, "--tokenizer", tiny_model_dir, "--data", data_file,
                                   "--n", 6, "--concurrency", 120, "--out-dir", tmp_path)
     assert code == 0, err
