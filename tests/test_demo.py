@@ -13,9 +13,13 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def start_demo(run_dir: Path, steps: int) -> subprocess.Popen:
+    """The demo as a terminal starts it: with Ctrl-C's default action, even where this test
+    runs under a shell that started it in the background with SIGINT ignored (inherited, an
+    ignored SIGINT would keep Python from raising KeyboardInterrupt)."""
     return subprocess.Popen(
         [sys.executable, "-m", "tools.demo", "--run-dir", str(run_dir), "--steps", str(steps)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
