@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -137,7 +138,8 @@ def warmup_proportion(args: argparse.Namespace) -> float:
 
 
 def server_options(args: argparse.Namespace) -> dict:
-    return dict(device=args.device, dtype=args.dtype, max_batch=1024, log_file=args.work / "server.log")
+    return dict(device=args.device, dtype=args.dtype, max_batch=1024, log_file=args.work / "server.log",
+                extra_args=["--decoder", args.decoder])
 
 
 def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path) -> dict:
@@ -162,9 +164,15 @@ def grpo_phase(args: argparse.Namespace) -> None:
     with dev_server.serve(str(model), timeout=600, **server_options(args)) as addr:
         before = evaluate(addr, model, args, args.work / "eval_before")
         start = time.time()
-        print(f"[learn {start - START:.0f} s] train.py, {args.grpo_steps} GRPO steps", flush=True)
-        demo.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr, args.work / "train.log")
+        limit = f", stopped after {args.grpo_seconds:.0f} s" if args.grpo_seconds else ""
+        print(f"[learn {start - START:.0f} s] train.py, {args.grpo_steps} GRPO steps{limit}", flush=True)
+        stopped = demo.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr,
+                                      args.work / "train.log", time_limit=args.grpo_seconds)
         grpo_seconds = time.time() - start
+        if stopped:  # the stopped trainer may have left the server paused, or busy with its rollouts
+            dev_server.http_json(addr, "/abort_request", {"abort_all": True})
+            dev_server.http_json(addr, "/continue_generation", {})
+        served = dev_server.http_json(addr, "/get_weight_version")["weight_version"]
         after = evaluate(addr, model, args, args.work / "eval_after")
     run([sys.executable, "plot.py", str(run_dir / "logs" / "tensorboard"), "--out", str(args.work / "curves.png")])
     warm_start = warm_start_record(model)
@@ -172,8 +180,10 @@ def grpo_phase(args: argparse.Namespace) -> None:
         "model": f"Qwen2 architecture, preset {args.preset}, from random weights",
         "device": device_name(args.device),
         "sft_seconds": warm_start.get("sft_seconds"),
-        "grpo_steps": args.grpo_steps,
+        "grpo_steps": steps_done(args.work / "train.log"),
         "grpo_seconds": round(grpo_seconds),
+        "stopped_by_time_limit": stopped,
+        "weight_version_evaluated": served,
         "pass@1_before": pass_at_1(before),
         "pass@1_after": pass_at_1(after),
         "settings": {
@@ -183,6 +193,12 @@ def grpo_phase(args: argparse.Namespace) -> None:
     }
     (args.work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, indent=2, default=str))
+
+
+def steps_done(train_log: Path) -> int:
+    """The last "Train step N/M done" of the trainer's log (0 if none)."""
+    steps = re.findall(r"Train step (\d+)/\d+ done", train_log.read_text(errors="replace"))
+    return int(steps[-1]) if steps else 0
 
 
 def warm_start_record(model: Path) -> dict:
@@ -221,6 +237,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
+                        help="the dev server's decoder (auto: CUDA graphs on a GPU; see tools/dev_server.py)")
     parser.add_argument("--train-size", type=int, default=250_000)
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--sft-epochs", type=int, default=1)
@@ -228,6 +246,9 @@ def main() -> None:
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--grpo-steps", type=int, default=94)
+    parser.add_argument("--grpo-seconds", type=float,
+                        help="grpo: stop training after this long, then evaluate the weights the "
+                        "server holds (results.json records their version)")
     parser.add_argument("--grpo-lr", type=float, default=1e-5)
     parser.add_argument("--grpo-warmup", type=int, default=3, help="lr warm-up steps")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -20,7 +20,7 @@ def learning_run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_sft_then_grpo_on_cpu(tmp_path):
     work = tmp_path / "work"
     sft = learning_run("sft", "--work", str(work), "--sft-epochs", "1", "--sft-batch", "64", "--sft-pack", "4")
@@ -50,6 +50,20 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     for name in ("curves.png", "curves.csv", "eval_before.md", "eval_after.md", "train.log"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     assert "rollout/reward" in (tmp_path / "out" / "curves.csv").read_text()
+
+    # A time limit stops the trainer mid-run; the weights the server then holds are evaluated.
+    timed = learning_run(
+        "grpo", "--work", str(work), "--out", str(tmp_path / "timed"), "--grpo-steps", "1000",
+        "--grpo-seconds", "60", "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24",
+        "--train-max-new-tokens", "24", "--eval-every", "1000",
+    )  # fmt: skip
+    assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
+    results = json.loads((tmp_path / "timed" / "results.json").read_text())
+    assert results["stopped_by_time_limit"] and results["grpo_steps"] < 1000
+    assert 60 <= results["grpo_seconds"] < 90
+    pushed = int(results["weight_version_evaluated"])  # a push may land between log lines
+    assert results["grpo_steps"] <= pushed <= results["grpo_steps"] + 1
+    assert set(results["pass@1_after"]) == {"all", "3 numbers", "4 numbers"}
 
 
 def test_grpo_without_warm_start_says_what_to_do(tmp_path):

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,22 +120,38 @@ def trainer_env(server_addr: str, sglang_stub: Path) -> dict[str, str]:
 PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error")
 
 
-def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path) -> None:
-    """Run the trainer in its own process group, echo progress lines, always clean up."""
+def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None) -> bool:
+    """Run the trainer in its own process group, echo progress lines, always clean up.
+
+    With `time_limit` (seconds) the trainer is stopped when it runs out; returns whether
+    that happened (a trainer that fails on its own raises).
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )  # fmt: skip
+        expired = threading.Event()
+
+        def stop_at_time_limit() -> None:
+            expired.set()
+            stop_group(proc)
+
+        timer = threading.Timer(time_limit, stop_at_time_limit) if time_limit else None
+        if timer:
+            timer.start()
         try:
             for line in proc.stdout:
                 log.write(line)
                 if PROGRESS.search(line):
                     print(f"[train] {line.strip()[-160:]}", flush=True)
-            if proc.wait() != 0:
+            if proc.wait() != 0 and not expired.is_set():
                 raise RuntimeError(f"training failed (exit {proc.returncode}); see {log_path}")
+            return expired.is_set()
         finally:
+            if timer:
+                timer.cancel()
             stop_group(proc)
 
 
@@ -164,8 +181,9 @@ def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tup
     return trainer_command(overrides), env
 
 
-def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path) -> None:
-    run_trainer(*trainer_launch(run_dir, overrides, server_addr), log_path)
+def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path,
+                   time_limit: float | None = None) -> bool:
+    return run_trainer(*trainer_launch(run_dir, overrides, server_addr), log_path, time_limit)
 
 
 def summary(tensorboard_dir: Path, seconds: float) -> str:

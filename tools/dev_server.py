@@ -236,7 +236,8 @@ class Engine:
     """A transformers causal LM and a batched, KV-cached sampler."""
 
     def __init__(self, model_path: str, device: str, dtype: str, seed: int,
-                 step_delay_s: float = 0.0):
+                 step_delay_s: float = 0.0, decoder: str = "hf", max_batch: int = 64,
+                 static_max_len: int = 1024):
         import torch
         from transformers import AutoTokenizer
 
@@ -273,6 +274,37 @@ class Engine:
                 continue
             eos.update([src] if isinstance(src, int) else list(src))
         self.eos_ids = tuple(sorted(eos))
+        self.static = self._static_decoder(decoder, max_batch, static_max_len)
+
+    def _static_decoder(self, decoder: str, max_batch: int, max_len: int):
+        """tools/static_decode.py's decoder, or None for transformers' own decoding.
+
+        "auto" takes it on a GPU when the model is supported; "static" insists (on CPU it
+        runs without CUDA graphs: that is how the tests check it against transformers).
+        """
+        if decoder == "hf" or (decoder == "auto" and self.device.type != "cuda"):
+            return None
+        from tools import static_decode
+
+        reason = static_decode.unsupported_reason(self.model.config)
+        if reason is not None:
+            if decoder == "static":
+                raise ValueError(f"--decoder static cannot serve this model: {reason}")
+            logger.info("static decoder off: %s", reason)
+            return None
+        return static_decode.StaticDecoder(self.model, max_batch, max_len,
+                                           graphs=self.device.type == "cuda")
+
+    def check_compatible(self, model) -> None:
+        """Raise ValueError unless `model` can replace the served one."""
+        if int(model.config.vocab_size) != self.vocab_size:
+            raise ValueError(f"vocab size {model.config.vocab_size} differs from the "
+                             f"served model's {self.vocab_size}")
+        if self.static is not None:
+            mine = {k: v.shape for k, v in self.static.model.state_dict().items()}
+            theirs = {k: v.shape for k, v in model.state_dict().items()}
+            if mine != theirs:
+                raise ValueError("its parameters differ in names or shapes from the served model's")
 
     @staticmethod
     def _first_id(*cands):
@@ -333,43 +365,35 @@ class Engine:
                 stop_mat[i, : len(s)] = torch.tensor(sorted(s), dtype=torch.long)
         stop_mat = stop_mat.to(dev)
         max_new_t = torch.tensor(max_new, device=dev)
-        has_stop_str = [bool(r.params.stop) for r in reqs]
-
-        results: list[dict | None] = [None] * B
-        out_logps: list[torch.Tensor] = []
-        finished = torch.zeros(B, dtype=torch.bool, device=dev)
-        n_out = [0] * B  # tokens that belong to each row's output
-        cpu_out: list[list[int]] = [[] for _ in range(B)]
-        input_logprobs: list[list | None] = [None] * B
+        str_rows = [i for i, r in enumerate(reqs) if r.params.stop]
 
         if should_abort():
             return [self._abort_result([], [], "Abort before prefill") for _ in reqs]
 
         want_input_lp = [r.return_logprob and r.logprob_start_len >= 0 for r in reqs]
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=model.config)
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=0 if any(want_input_lp) else 1,
-        )
+        forward = self._batch_forward(model, mask, max(max_new))
+        logits = forward.prefill(ids, pos, keep_all=any(want_input_lp))
+        input_logprobs: list[list | None] = [None] * B
         if any(want_input_lp):
-            all_logits = out.logits.float()
+            all_logits = logits.float()
             for i, r in enumerate(reqs):
                 if want_input_lp[i]:
                     input_logprobs[i] = self._input_logprobs(all_logits[i, L - lens[i]:], r)
-        logits = out.logits[:, -1, :].float()
-        del out
+        logits = logits[:, -1, :].float()
         next_pos = pos[:, -1] + 1
 
         counts = None
         if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
             counts = torch.zeros((B, logits.shape[-1]), dtype=torch.float32, device=dev)
 
+        # Bookkeeping stays on the device; the host syncs once per step ("all finished?")
+        # plus, only for rows with stop strings, to read their tokens.
+        out_toks: list[torch.Tensor] = []
+        out_logps: list[torch.Tensor] = []
+        finished = torch.zeros(B, dtype=torch.bool, device=dev)
+        n_out = torch.zeros(B, dtype=torch.long, device=dev)  # output length once finished
+        str_matched: dict[int, str] = {}
+        str_text: dict[int, list[int]] = {i: [] for i in str_rows}
         step = 0
         aborted = False
         while True:
@@ -388,65 +412,72 @@ class Engine:
                     scores = self._penalize(scores, counts, params)
                 tok = self._sample(scores, params)
             lp = lp_all.gather(-1, tok[:, None]).squeeze(-1)
+            out_toks.append(tok)
             out_logps.append(lp)
             if counts is not None:
                 counts.scatter_add_(1, tok[:, None], torch.ones_like(lp[:, None]))
             step += 1
 
-            # -- which rows finish with this token
-            hit_stop = (tok[:, None] == stop_mat).any(-1)
-            hit_len = max_new_t <= step
-            newly = ~finished & (hit_stop | hit_len)
-            tok_l = tok.tolist()  # device syncs: two small transfers per step
-            flags = (newly.to(torch.uint8) * 2 + hit_stop.to(torch.uint8)).tolist()
-            for i in range(B):
-                if results[i] is not None:
-                    continue
-                n_out[i] = step
-                cpu_out[i].append(tok_l[i])
-                if flags[i] >= 2:
-                    if step >= max_new[i]:  # SGLang checks the length first
-                        fr = {"type": "length", "length": max_new[i]}
-                    else:
-                        fr = {"type": "stop", "matched": tok_l[i]}
-                    results[i] = {"finish_reason": fr}
-                elif has_stop_str[i]:
-                    matched = self._match_stop_str(reqs[i], cpu_out[i])
-                    if matched is not None:
-                        results[i] = {"finish_reason": {"type": "stop", "matched": matched}}
-            finished = torch.tensor([r is not None for r in results], device=dev)
-            if all(r is not None for r in results):
+            # -- which rows finish with this token (token stop or length first, as SGLang)
+            newly = ~finished & ((tok[:, None] == stop_mat).any(-1) | (max_new_t <= step))
+            finished |= newly
+            n_out = torch.where(newly, step, n_out)
+            if str_rows:
+                self._check_stop_strings(reqs, str_rows, tok, finished, n_out, step,
+                                         str_text, str_matched)
+            if bool(finished.all()):
                 break
             if self.step_delay_s:
                 time.sleep(self.step_delay_s)
             if should_abort():
                 aborted = True
                 break
-            # -- next decode step
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], dim=1)
-            out = model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1, :].float()
-            del out
+            logits = forward.step(tok, next_pos)
             next_pos = next_pos + 1
 
+        toks = torch.stack(out_toks, dim=1).tolist()
         lps = torch.stack(out_logps, dim=1).tolist()
+        done, n_out = finished.tolist(), n_out.tolist()
         final = []
         for i in range(B):
-            o_ids, o_lps = cpu_out[i], lps[i][: n_out[i]]
-            if results[i] is None:
+            if not done[i]:
                 assert aborted
-                final.append(self._abort_result(o_ids, o_lps, "Aborted by the server"))
+                final.append(self._abort_result(toks[i], lps[i], "Aborted by the server"))
             else:
-                final.append({"output_ids": o_ids, "logprobs": o_lps,
-                              "finish_reason": results[i]["finish_reason"]})
+                n = n_out[i]
+                final.append({"output_ids": toks[i][:n], "logprobs": lps[i][:n],
+                              "finish_reason": self._finish_reason(toks[i][n - 1], n, max_new[i],
+                                                                   str_matched.get(i))})
             final[-1]["input_logprobs"] = input_logprobs[i]
         return final
+
+    def _batch_forward(self, model, mask, max_new: int):
+        """The static decoder when it is on and the batch fits, else transformers' cache."""
+        if self.static is not None and self.static.fits(*mask.shape[:1], mask.shape[1] + max_new):
+            return self.static.start(model, mask, max_new)
+        return HFBatch(model, mask)
+
+    @staticmethod
+    def _finish_reason(last_tok: int, n: int, max_new: int, matched_str: str | None) -> dict:
+        if matched_str is not None:
+            return {"type": "stop", "matched": matched_str}
+        if n >= max_new:  # SGLang checks the length first
+            return {"type": "length", "length": max_new}
+        return {"type": "stop", "matched": last_tok}
+
+    def _check_stop_strings(self, reqs, rows, tok, finished, n_out, step, text, matched) -> None:
+        """Finish rows whose decoded text now holds one of their stop strings."""
+        toks = tok[rows].tolist()
+        done = finished[rows].tolist()
+        for i, t, d in zip(rows, toks, done):
+            if d:
+                continue
+            text[i].append(t)
+            found = self._match_stop_str(reqs[i], text[i])
+            if found is not None:
+                matched[i] = found
+                finished[i] = True
+                n_out[i] = step
 
     @staticmethod
     def _abort_result(o_ids, o_lps, message):
@@ -511,6 +542,33 @@ class Engine:
         if trim and isinstance(matched, str) and matched in text:
             text = text[: text.index(matched)]
         return text
+
+
+class HFBatch:
+    """One batch's forward passes through transformers' own KV cache (any model, any device)."""
+
+    def __init__(self, model, mask):
+        import torch
+        from transformers import DynamicCache
+
+        self.cat = torch.cat
+        self.model, self.mask = model, mask
+        self.cache = DynamicCache(config=model.config)
+
+    def prefill(self, ids, pos, keep_all: bool):
+        """Logits for the last prompt position (all positions with keep_all)."""
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos,
+                         past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=0 if keep_all else 1)
+        return out.logits
+
+    def step(self, tok, pos):
+        """Logits (rows x vocab, float32) after feeding one token per row."""
+        ones = self.mask.new_ones((self.mask.shape[0], 1))
+        self.mask = self.cat([self.mask, ones], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos[:, None],
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1, :].float()
 
 
 # =============================================================================
@@ -869,9 +927,7 @@ def create_app(engine: Engine, scheduler: Scheduler):
                 if not os.path.isdir(path):
                     raise FileNotFoundError(f"no such model folder: {path}")
                 model = await asyncio.to_thread(engine.load_model, path)
-                if int(model.config.vocab_size) != engine.vocab_size:
-                    raise ValueError(f"vocab size {model.config.vocab_size} differs from the "
-                                     f"served model's {engine.vocab_size}")
+                engine.check_compatible(model)
             except Exception as e:
                 logger.warning("update_weights_from_disk(%s) failed: %s", path, e)
                 return error(400, f"failed to load weights from {path}: {e}", success=False)
@@ -962,6 +1018,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-wait-ms", type=float, default=100.0,
                    help="longest wait for more requests before starting a batch (the wait "
                    "ends earlier once no new request arrived for 20 ms)")
+    p.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
+                   help="hf: transformers' forward and KV cache, every step launched from "
+                   "Python; static: tools/static_decode.py (Qwen2 only; preallocated KV cache, "
+                   "CUDA graphs on a GPU); auto (default): static on a GPU when the model "
+                   "allows it, else hf")
+    p.add_argument("--static-max-len", type=int, default=1024,
+                   help="static decoder: longest prompt + max_new_tokens it holds (longer "
+                   "batches fall back to hf); its KV cache is sized max-batch x this")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default on CPU: 1; more help only larger models "
@@ -1003,7 +1067,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads or 1)
     t0 = time.perf_counter()
     engine = Engine(args.model, device=device, dtype=args.dtype, seed=args.seed,
-                    step_delay_s=args.step_delay_ms / 1000)
+                    step_delay_s=args.step_delay_ms / 1000, decoder=args.decoder,
+                    max_batch=args.max_batch, static_max_len=args.static_max_len)
     n_params = sum(p.numel() for p in engine.model.parameters())
     logger.info("loaded %s (%.2f M params) on %s/%s in %.1fs", args.model, n_params / 1e6,
                 device, args.dtype, time.perf_counter() - t0)

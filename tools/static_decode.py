@@ -1,0 +1,197 @@
+"""Qwen2 decoding from a preallocated KV cache, replayed as CUDA graphs on a GPU.
+
+Why: the dev server decodes a small model one token per step through transformers'
+eager forward. On an H100 with the 25M learning-run model that costs 10-18 ms per step
+whatever the batch size (docs/results.md, attempt 4): hundreds of tiny kernel launches
+and Python between them, not arithmetic. A CUDA graph replays the whole step's kernels
+with one launch; for that every tensor must keep its shape and address, so the KV cache
+is one preallocated buffer and a step's inputs are copied into fixed tensors.
+
+The layers' own modules do the work (RMSNorm, projections, rotary embedding, MLP of the
+transformers model); only the attention over the preallocated cache is written here.
+On CPU (or with ``graphs=False``) the same code runs eagerly, which is how the tests
+compare it with transformers' own decoding.
+
+Layout: a batch of B rows (padded up to a power of two, b) is left-padded to L prompt
+slots; prompt tokens sit in slots [L - len, L), decode step k writes slot L + k.
+``valid[row, slot]`` says which slots a row may attend to. One graph is captured per
+(b, T) the server meets, T being L + max_new_tokens rounded up to 128, so attention reads
+only the part of the cache a batch can use.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import weakref
+
+import torch
+import torch.nn.functional as F
+from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+logger = logging.getLogger("dev_server")
+
+SLOT_ROUNDING = 128
+
+
+def unsupported_reason(config) -> str | None:
+    """Why this model cannot use the static decoder (None: it can)."""
+    if getattr(config, "model_type", None) != "qwen2":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not qwen2"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return "layers other than full attention"
+    return None
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def batch_bucket(n: int, max_batch: int) -> int:
+    """Rows a batch of n is padded to: the next power of two, at most max_batch."""
+    return min(max_batch, 1 << (n - 1).bit_length())
+
+
+class StaticDecoder:
+    """Owns a copy of the model, the KV cache and the captured graphs.
+
+    The copy follows whichever model the server hands to ``start`` (its weights are
+    copied in when it changes), so graphs captured once stay valid across weight updates.
+    """
+
+    def __init__(self, model, max_batch: int, max_len: int, graphs: bool):
+        self.model = copy.deepcopy(model)
+        self.source = weakref.ref(model)
+        self.max_batch, self.max_len = max_batch, max_len
+        self.graphs_enabled = graphs
+        cfg = model.config
+        self.layers = self.model.model.layers
+        attn = self.layers[0].self_attn
+        self.head_dim, self.scale = attn.head_dim, attn.scaling
+        self.n_kv = cfg.num_key_value_heads
+        self.n_groups = cfg.num_attention_heads // self.n_kv
+        dev, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
+        shape = (len(self.layers), max_batch, self.n_kv, max_len, self.head_dim)
+        self.k = torch.zeros(shape, device=dev, dtype=dtype)
+        self.v = torch.zeros(shape, device=dev, dtype=dtype)
+        self.valid = torch.zeros((max_batch, max_len), device=dev, dtype=torch.bool)
+        self.tok = torch.zeros(max_batch, device=dev, dtype=torch.long)
+        self.pos = torch.zeros(max_batch, device=dev, dtype=torch.long)
+        self.slot = torch.zeros(1, device=dev, dtype=torch.long)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        logger.info("static decoder: KV cache for %d rows x %d slots, %.2f GiB, CUDA graphs %s",
+                    max_batch, max_len, 2 * self.k.numel() * self.k.element_size() / 2**30,
+                    "on" if graphs else "off")
+
+    def fits(self, n_rows: int, total_len: int) -> bool:
+        return n_rows <= self.max_batch and total_len <= self.max_len
+
+    def start(self, model, mask: torch.Tensor, max_new: int) -> "StaticBatch":
+        """Begin a batch (mask: B x L, 1 for prompt tokens) on `model`'s weights."""
+        if self.source() is not model:
+            self.model.load_state_dict(model.state_dict())
+            self.source = weakref.ref(model)
+        n_rows, n_prompt = mask.shape
+        b = batch_bucket(n_rows, self.max_batch)
+        t = min(self.max_len, round_up(n_prompt + max_new, SLOT_ROUNDING))
+        graph = self._graph(b, t) if self.graphs_enabled else None  # before the prefill writes
+        self.valid[:b].zero_()
+        self.valid[:n_rows, :n_prompt] = mask.bool()
+        return StaticBatch(self, n_rows, n_prompt, b, t, graph)
+
+    # -- the forward pass ----------------------------------------------------------------
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: int, t: int,
+                slots: torch.Tensor, attn_mask: torch.Tensor, keep_all: bool) -> torch.Tensor:
+        """Logits (float32) for `ids` (rows x q) written to cache `slots` (q,)."""
+        inner = self.model.model
+        x = inner.embed_tokens(ids)
+        cos, sin = inner.rotary_emb(x, pos)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, rows, t, slots, attn_mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = inner.norm(x if keep_all else x[:, -1:])
+        return self.model.lm_head(x).float()
+
+    def _attention(self, i, layer, h, cos, sin, rows, t, slots, attn_mask):
+        attn = layer.self_attn
+        n, q_len, _ = h.shape
+        q = attn.q_proj(h).view(n, q_len, -1, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(h).view(n, q_len, -1, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(h).view(n, q_len, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k_cache, v_cache = self.k[i, :rows, :, :t], self.v[i, :rows, :, :t]
+        k_cache.index_copy_(2, slots, k)
+        v_cache.index_copy_(2, slots, v)
+        if q_len == 1:
+            # Grouped-query attention without copying the cache: a kv head's query heads
+            # become its "query positions", which all see the same keys.
+            q = q.reshape(n, self.n_kv, self.n_groups, self.head_dim)
+            out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=attn_mask, scale=self.scale)
+        else:
+            k = k.repeat_interleave(self.n_groups, dim=1)
+            v = v.repeat_interleave(self.n_groups, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+            out = out.transpose(1, 2)
+        return attn.o_proj(out.reshape(n, q_len, -1))
+
+    def decode_step(self, b: int, t: int) -> torch.Tensor:
+        """One token for rows [:b] from the fixed input tensors (what a graph replays)."""
+        mask = self.valid[:b, None, None, :t]
+        return self.forward(self.tok[:b, None], self.pos[:b, None], b, t, self.slot, mask, False)[:, 0]
+
+    def _graph(self, b: int, t: int):
+        if (b, t) not in self.graphs:
+            started = time.perf_counter()
+            self.slot.zero_()
+            self.valid[:b, :t] = True
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(2):
+                    self.decode_step(b, t)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the server may load new weights in another thread meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"), torch.inference_mode():
+                logits = self.decode_step(b, t)
+            self.graphs[b, t] = (graph, logits)
+            logger.info("captured a decode graph for %d rows x %d slots in %.2fs",
+                        b, t, time.perf_counter() - started)
+        return self.graphs[b, t]
+
+
+class StaticBatch:
+    """One batch's forward passes: ``prefill`` once, then ``step`` per token."""
+
+    def __init__(self, dec: StaticDecoder, rows: int, n_prompt: int, b: int, t: int, graph):
+        self.dec, self.rows, self.n_prompt, self.b, self.t, self.graph = dec, rows, n_prompt, b, t, graph
+        self.next_slot = n_prompt
+
+    def prefill(self, ids: torch.Tensor, pos: torch.Tensor, keep_all: bool) -> torch.Tensor:
+        """Logits for the last prompt slot (all slots with keep_all): rows x (1 | L) x vocab."""
+        dec, n = self.dec, self.n_prompt
+        causal = torch.ones((n, n), dtype=torch.bool, device=ids.device).tril()
+        allowed = causal[None] & dec.valid[: self.rows, None, :n]
+        # A padding slot attends to itself, so no attention row is empty (an empty row
+        # gives NaN, which would reach the cache through the next layers).
+        allowed |= torch.eye(n, dtype=torch.bool, device=ids.device)
+        slots = torch.arange(n, device=ids.device)
+        return dec.forward(ids, pos, self.rows, n, slots, allowed[:, None], keep_all)
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Logits (rows x vocab) after feeding one token per row at positions `pos`."""
+        dec, slot = self.dec, self.next_slot
+        self.next_slot += 1
+        dec.tok[: self.rows] = tok
+        dec.pos[: self.rows] = pos
+        dec.slot.fill_(slot)
+        dec.valid[: self.b, slot] = True
+        if self.graph is None:
+            return dec.decode_step(self.b, self.t)[: self.rows]
+        graph, logits = self.graph
+        graph.replay()
+        return logits[: self.rows]
