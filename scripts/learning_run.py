@@ -9,9 +9,11 @@ small), and warm-starts it with supervised fine-tuning on the reference solution
 AReaL's SFTTrainer). The final checkpoint is copied to WORK/warm_start, with
 warm_start.json recording how it was made. Phase `grpo` serves a warm-started model
 (`--init`, default WORK/warm_start) with the dev server (which stands in for SGLang,
-unavailable on the GPU machine), measures held-out pass@1 with evaluate.py, trains it with
-train.py exactly as the SPMD launcher would (FSDPPPOActor, disk weight pushes to the
-server), and measures pass@1 again on the same server, now holding the trained weights.
+unavailable on the GPU machine), measures held-out pass@1 with evaluate.py (while the
+trainer starts), trains it with train.py exactly as the SPMD launcher would (FSDPPPOActor,
+disk weight pushes to the server) until --grpo-seconds (510: what fits in a 10-minute
+call) or --grpo-steps runs out, and measures pass@1 again on the same server, now holding
+the trained weights.
 The data is regenerated when missing (same seed, same files), so the two phases can run
 on different machines. Results, logs and the learning curve are copied to OUT.
 
@@ -29,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +101,9 @@ def sft_phase(args: argparse.Namespace) -> None:
 def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
     """train_config.yaml shrunk to one GPU shared by the actor and the dev server.
 
-    Tuned for steps per call (docs/results.md, attempt 4): the proximal log-probs are
+    Tuned for learning per call (docs/results.md, attempts 4 and 5): groups whose samples
+    all score the same are skipped (train.py's skip_uniform_groups; off with
+    --no-skip-uniform-groups, needed when the model solves nothing), the proximal log-probs are
     interpolated (no extra forward pass), two steps' rollouts may be in flight (the dev
     server's decode step costs about the same for 1024 sequences as for 512), training
     samples stop at --train-max-new-tokens (the reference solutions need < 120 tokens; a
@@ -123,6 +128,7 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
         f"total_train_steps={args.grpo_steps}", f"evaluator.freq_steps={args.eval_every}",
         "saver.freq_steps=null", "saver.freq_epochs=null", "recover.mode=disabled",
+        f"skip_uniform_groups={str(args.skip_uniform_groups).lower()}",
         *args.set,
     ]  # fmt: skip
 
@@ -149,6 +155,16 @@ def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path
     return json.loads((out_dir / "eval.json").read_text())
 
 
+def evaluate_initial_weights(addr: str, model: Path, args: argparse.Namespace) -> dict:
+    """evaluate.py's report on the served model, refused if the trainer pushed weights meanwhile."""
+    report = evaluate(addr, model, args, args.work / "eval_before")
+    version = dev_server.http_json(addr, "/get_weight_version")["weight_version"]
+    if version != "0":
+        raise RuntimeError(f"the trainer pushed weights (version {version}) before the first "
+                           "evaluation finished: its numbers would mix two models")
+    return report
+
+
 def pass_at_1(report: dict) -> dict[str, float]:
     by_count = {f"{n} numbers": m["pass@1"] for n, m in report["by_num_count"].items()}
     return {"all": report["overall"]["pass@1"], **by_count}
@@ -161,14 +177,17 @@ def grpo_phase(args: argparse.Namespace) -> None:
     make_data(args)
     run_dir = args.work / "grpo"
     shutil.rmtree(run_dir, ignore_errors=True)
-    with dev_server.serve(str(model), timeout=600, **server_options(args)) as addr:
-        before = evaluate(addr, model, args, args.work / "eval_before")
+    with dev_server.serve(str(model), timeout=600, **server_options(args)) as addr, ThreadPoolExecutor(1) as pool:
+        # The first evaluation runs while the trainer starts up (imports, model, data: ~35 s
+        # on the GPU machine), on the server's initial weights: checked below.
+        evaluation = pool.submit(evaluate_initial_weights, addr, model, args)
         start = time.time()
         limit = f", stopped after {args.grpo_seconds:.0f} s" if args.grpo_seconds else ""
         print(f"[learn {start - START:.0f} s] train.py, {args.grpo_steps} GRPO steps{limit}", flush=True)
         stopped = demo.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr,
                                       args.work / "train.log", time_limit=args.grpo_seconds)
         grpo_seconds = time.time() - start
+        before = evaluation.result()
         if stopped:  # the stopped trainer may have left the server paused, or busy with its rollouts
             dev_server.http_json(addr, "/abort_request", {"abort_all": True})
             dev_server.http_json(addr, "/continue_generation", {})
@@ -245,10 +264,10 @@ def main() -> None:
     parser.add_argument("--sft-batch", type=int, default=512, help="examples per SFT step")
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--grpo-steps", type=int, default=94)
-    parser.add_argument("--grpo-seconds", type=float,
+    parser.add_argument("--grpo-steps", type=int, default=1000, help="grpo: at most this many steps")
+    parser.add_argument("--grpo-seconds", type=float, default=510,
                         help="grpo: stop training after this long, then evaluate the weights the "
-                        "server holds (results.json records their version)")
+                        "server holds (results.json records their version); 0: no limit")
     parser.add_argument("--grpo-lr", type=float, default=1e-5)
     parser.add_argument("--grpo-warmup", type=int, default=3, help="lr warm-up steps")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -257,7 +276,9 @@ def main() -> None:
     parser.add_argument("--n-samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256, help="evaluation (evaluate.py and in training)")
     parser.add_argument("--train-max-new-tokens", type=int, default=192, help="grpo: training samples")
-    parser.add_argument("--eval-every", type=int, default=24)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--skip-uniform-groups", action=argparse.BooleanOptionalAction, default=True,
+                        help="grpo: train.py's skip_uniform_groups (DAPO's dynamic sampling)")
     args = parser.parse_args()
     if args.sft_batch % args.sft_pack:
         parser.error(f"--sft-batch {args.sft_batch} must be a multiple of --sft-pack {args.sft_pack}")
