@@ -2,11 +2,12 @@
 
     python3 -m tools.dev_server --model PATH [--host 127.0.0.1] [--port 30000]
         [--device cpu|cuda] [--dtype float32|bfloat16] [--max-batch 64] [--seed 0]
+        [--decoder auto|hf|static] [--static-max-len 1024]
 
 This is a development server for CPU demos and tests (and small single-GPU experiments),
 NOT a replacement for SGLang: one process, one device, a plain Hugging Face
 ``transformers`` model, static batches (no continuous batching, no paged attention, no
-prefix cache, no CUDA graphs, no tensor parallelism, no LoRA, no NCCL weight sync). It
+prefix cache, no tensor parallelism, no LoRA, no NCCL weight sync). It
 exists so that AReaL's production client, ``areal.engine.RemoteSGLangEngine``, runs
 unchanged against a model on a machine without SGLang. It needs only torch,
 transformers and aiohttp (aiohttp rather than FastAPI/uvicorn: AReaL's client needs
@@ -14,9 +15,12 @@ aiohttp anyway, and the GPU image has it but not FastAPI).
 
 Speed: on CPU it uses one torch thread unless ``--threads`` says otherwise (tiny models
 get slower with more threads, and much slower when the cores are shared); ~2,600
-tokens/s for 32 requests x 128 new tokens with the tiny preset on one core. On an H100
-with a 31M model (the earlier ``small`` preset) in bfloat16, a batch of 512 requests decodes at about
-9-11 ms per step (~50k tokens/s), bound by Python/kernel-launch overhead.
+tokens/s for 32 requests x 128 new tokens with the tiny preset on one core. On a GPU,
+Qwen2 models decode through tools/static_decode.py (a preallocated KV cache, each decode
+step replayed as one CUDA graph); other models, and ``--decoder hf``, through transformers'
+own forward, which is bound by Python and kernel launches. On an H100 with the 25M
+``small`` preset in bfloat16 (bench/gpu/decode.py): 1.1-3.8 ms per step for 1-1024
+requests against 10-14 ms, and the same greedy completions.
 
 Endpoints (the ones ``RemoteSGLangEngine`` calls, plus a few SGLang probes):
   GET  /health, /health_generate, /get_model_info, /get_server_info,
