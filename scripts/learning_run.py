@@ -104,8 +104,8 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
     Tuned for learning per call (docs/results.md, attempts 4 and 5): groups whose samples
     all score the same are skipped (train.py's skip_uniform_groups; off with
     --no-skip-uniform-groups, needed when the model solves nothing), the proximal log-probs are
-    interpolated (no extra forward pass), two steps' rollouts may be in flight (the dev
-    server's decode step costs about the same for 1024 sequences as for 512), training
+    interpolated (no extra forward pass), two steps' rollouts may be in flight (5.5 -> 5.0 s
+    per step in attempt 4, with transformers' decoding in the dev server), training
     samples stop at --train-max-new-tokens (the reference solutions need < 120 tokens; a
     rare runaway sample otherwise holds its whole batch for 256 decode steps), and a
     micro-batch holds a whole minibatch of this small model.

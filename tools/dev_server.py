@@ -457,7 +457,7 @@ class Engine:
 
     def _batch_forward(self, model, mask, max_new: int):
         """The static decoder when it is on and the batch fits, else transformers' cache."""
-        if self.static is not None and self.static.fits(*mask.shape[:1], mask.shape[1] + max_new):
+        if self.static is not None and self.static.fits(mask.shape[0], mask.shape[1] + max_new):
             return self.static.start(model, mask, max_new)
         return HFBatch(model, mask)
 
