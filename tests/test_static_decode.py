@@ -112,10 +112,10 @@ def test_incompatible_weights_are_refused(engines, tmp_path):
 
 def test_only_qwen2_full_attention_is_supported(tiny_model_dir):
     assert static_decode.unsupported_reason(LlamaConfig()) is not None
-    sliding = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config
-    assert static_decode.unsupported_reason(sliding) is None
-    sliding.use_sliding_window = True
-    assert "sliding" in static_decode.unsupported_reason(sliding)
+    config = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config
+    assert static_decode.unsupported_reason(config) is None
+    config.use_sliding_window = True
+    assert "sliding" in static_decode.unsupported_reason(config)
 
 
 def test_batch_buckets():

@@ -1,7 +1,7 @@
 """Dev-server decoding on one GPU: transformers' eager forward against tools/static_decode.py.
 
     python3 bench/gpu/decode.py [--model PATH] [--batches 1 64 512 1024] [--new-tokens 128]
-                                [--check 512] [--json PATH]
+                                [--check 512] [--json PATH] [--device cuda]
 
 Both decoders run in this process through the dev server's own Engine (what the HTTP
 server calls for a batch), in bfloat16 on the same weights: --model (e.g. the learning
