@@ -116,10 +116,14 @@ def install() -> None:
 
 
 if __name__ == "__main__":
-    # `python3 -m packed_sdpa ...` runs AReaL's RPC worker with the fix installed; the
-    # single-controller schedulers start training workers with this command (see
+    # `python3 -m packed_sdpa ...` runs AReaL's RPC worker with the fix installed, and with
+    # weight_push's faster wait for the rollout client's weight loads: the single-controller
+    # schedulers start training and rollout workers with this command (see
     # `scheduling_spec.cmd` in train_config.yaml).
     from areal.infra.rpc.rpc_server import main
 
+    import weight_push
+
     install()
+    weight_push.install()
     sys.exit(main())

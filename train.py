@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerFast
 
 import countdown
 import packed_sdpa
+import weight_push
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, load_expr_config
@@ -29,8 +30,10 @@ from areal.utils import stats_tracker
 from areal.utils.hf_utils import load_hf_tokenizer
 from reward_score import compute_score, has_think_answer_format
 
-# The actor runs in this process under the SPMD launchers; see packed_sdpa for why.
+# The actor and the rollout client run in this process under the SPMD launchers; see
+# packed_sdpa and weight_push for why.
 packed_sdpa.install()
+weight_push.install()
 
 
 class CountDownWorkflow(RolloutWorkflow):

@@ -1,0 +1,38 @@
+"""Make AReaL's disk weight push stop sleeping a second per step.
+
+Why this module exists: in areal 1.0.4 a disk weight push (`FSDPEngine._update_weights_from_disk`)
+pauses generation, starts the inference client's wait for the trainer's "weights saved"
+record (`name_resolve.wait`), saves the model, writes the record, and resumes generation
+when the servers have loaded it. The wait checks for the record, finds it missing (the save
+has only just begun), then sleeps its default `poll_frequency` of one second before looking
+again. So every step spends about a second with the GPU idle and generation paused, whatever
+the save took. That is noise for a 3B model, whose save takes seconds, but it was 0.9 s of a
+4.5 s step for the 25M model of docs/results.md and most of the CPU demo's push.
+
+`install()` makes waits that do not choose their own polling interval (in areal 1.0.4 that is
+only this one) poll every 20 ms. train.py installs it in the SPMD trainer process, and
+`python3 -m packed_sdpa` in the single-controller schedulers' workers. A missing record costs one file lookup per poll; the
+timeout is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from areal.utils import name_resolve
+
+POLL_SECONDS = 0.02
+REPOSITORIES = (name_resolve.NameRecordRepository, name_resolve.RayNameResolveRepository)
+
+
+def install(poll_seconds: float = POLL_SECONDS) -> None:
+    """Give every name_resolve repository's `wait` a default poll of `poll_seconds` (idempotent)."""
+    for repository in REPOSITORIES:
+        original = getattr(repository.wait, "__wrapped__", repository.wait)
+
+        @functools.wraps(original)
+        def wait(self, name, timeout=None, poll_frequency=poll_seconds, _original=original):
+            return _original(self, name, timeout=timeout, poll_frequency=poll_frequency)
+
+        repository.wait = wait
+    name_resolve.wait = name_resolve.DEFAULT_REPOSITORY.wait  # bound before install; reconfigure rebinds it
