@@ -53,10 +53,11 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     assert "rollout/reward" in (tmp_path / "out" / "curves.csv").read_text()
 
     # A time limit stops the trainer mid-run; the weights the server then holds are evaluated.
+    # The toy train file is one 75-step epoch, which a fast CPU finishes within the limit.
     timed = learning_run(
         "grpo", "--work", str(work), "--out", str(tmp_path / "timed"), "--grpo-steps", "1000",
         "--grpo-seconds", "60", "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24",
-        "--train-max-new-tokens", "24", "--eval-every", "1000",
+        "--train-max-new-tokens", "24", "--eval-every", "1000", "--set", "total_train_epochs=50",
     )  # fmt: skip
     assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
     results = json.loads((tmp_path / "timed" / "results.json").read_text())

@@ -15,9 +15,13 @@ import weight_push
 
 @pytest.fixture
 def repository(tmp_path, monkeypatch):
-    """A fresh NFS name_resolve repository, with AReaL's module state restored afterwards."""
+    """A fresh NFS name_resolve repository with AReaL's own wait, whatever was installed before.
+
+    Importing train.py (as other tests do) installs weight_push for the whole process, so
+    each test starts from the unwrapped wait and the module state is restored afterwards.
+    """
     for cls in weight_push.REPOSITORIES:
-        monkeypatch.setattr(cls, "wait", cls.wait)
+        monkeypatch.setattr(cls, "wait", getattr(cls.wait, "__wrapped__", cls.wait))
     for attr in ["DEFAULT_REPOSITORY", "add", "get", "wait", "reset"]:
         monkeypatch.setattr(name_resolve, attr, getattr(name_resolve, attr))
     name_resolve.reconfigure(NameResolveConfig(type="nfs", nfs_record_root=str(tmp_path / "nr")))
