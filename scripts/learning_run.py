@@ -11,7 +11,7 @@ warm_start.json recording how it was made. Phase `grpo` serves a warm-started mo
 (`--init`, default WORK/warm_start) with the dev server (which stands in for SGLang,
 unavailable on the GPU machine), measures held-out pass@1 with evaluate.py (while the
 trainer starts), trains it with train.py exactly as the SPMD launcher would (FSDPPPOActor,
-disk weight pushes to the server) until --grpo-seconds (510: what fits in a 10-minute
+disk weight pushes to the server) until --grpo-seconds (520: what fits in a 10-minute
 call) or --grpo-steps runs out, and measures pass@1 again on the same server, now holding
 the trained weights.
 The data is regenerated when missing (same seed, same files), so the two phases can run
@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--grpo-steps", type=int, default=1000, help="grpo: at most this many steps")
-    parser.add_argument("--grpo-seconds", type=float, default=510,
+    parser.add_argument("--grpo-seconds", type=float, default=520,
                         help="grpo: stop training after this long, then evaluate the weights the "
                         "server holds (results.json records their version); 0: no limit")
     parser.add_argument("--grpo-lr", type=float, default=1e-5)
