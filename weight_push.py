@@ -11,8 +11,8 @@ the save took. That is noise for a 3B model, whose save takes seconds, but it wa
 
 `install()` makes waits that do not choose their own polling interval (in areal 1.0.4 that is
 only this one) poll every 20 ms. train.py installs it in the SPMD trainer process, and
-`python3 -m packed_sdpa` in the single-controller schedulers' workers. A missing record costs one file lookup per poll; the
-timeout is unchanged.
+`python3 -m packed_sdpa` in the single-controller schedulers' workers. A missing record
+costs one file lookup per poll; the timeout is unchanged.
 """
 
 from __future__ import annotations
