@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import signal
@@ -111,6 +112,7 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
     micro-batch holds a whole minibatch of this small model.
     """
     data = args.work / "data"
+    epochs, warmup = grpo_schedule(args)
     return [
         "experiment_name=countdown-learn", "trial_name=run",
         f"cluster.fileroot={run_dir}", f"cluster.name_resolve.nfs_record_root={run_dir}/name_resolve",
@@ -118,7 +120,7 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         "rollout.backend=sglang:d1p1t1", "actor.backend=fsdp:d1p1t1",
         f"actor.path={model}", f"actor.dtype={args.dtype}", "actor.gradient_checkpointing=false",
         "actor.mb_spec.max_tokens_per_mb=131072", f"actor.optimizer.lr={args.grpo_lr}",
-        "actor.ppo_n_minibatches=2", f"actor.optimizer.warmup_steps_proportion={warmup_proportion(args)}",
+        "actor.ppo_n_minibatches=2", f"actor.optimizer.warmup_steps_proportion={warmup}",
         "actor.prox_logp_method=loglinear",
         f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.train_max_new_tokens}",
         f"eval_gconfig.max_new_tokens={args.max_new_tokens}",
@@ -126,21 +128,28 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         f"train_dataset.path={data}/train_e.jsonl", f"train_dataset.batch_size={args.batch}",
         f"valid_dataset.path={data}/test_e.jsonl", f"valid_dataset.batch_size={args.test_size}",
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
-        f"total_train_steps={args.grpo_steps}", f"evaluator.freq_steps={args.eval_every}",
+        f"total_train_epochs={epochs}", f"total_train_steps={args.grpo_steps}",
+        f"evaluator.freq_steps={args.eval_every}",
         "saver.freq_steps=null", "saver.freq_epochs=null", "recover.mode=disabled",
         f"skip_uniform_groups={str(args.skip_uniform_groups).lower()}",
         *args.set,
     ]  # fmt: skip
 
 
-def warmup_proportion(args: argparse.Namespace) -> float:
-    """AReaL sizes the lr schedule by the epoch (train puzzles / batch), not by total_train_steps.
+def grpo_schedule(args: argparse.Namespace) -> tuple[int, float]:
+    """The epochs that hold --grpo-steps, and the warm-up proportion that makes --grpo-warmup steps.
 
-    Counted from the train file itself: make_data keeps an existing one, whatever its size.
+    AReaL stops after total_train_epochs passes over the train file even when
+    total_train_steps is larger, and sizes the lr schedule by those epochs (epochs x train
+    puzzles // batch steps), not by total_train_steps. It truncates proportion x steps to
+    an int, so the proportion asks for half a step more than wanted (1 / 49 x 49 is 0.99999).
+    The puzzles are counted from the train file itself: make_data keeps an existing one,
+    whatever its size.
     """
     with (args.work / "data" / "train_e.jsonl").open() as f:
-        puzzles = sum(1 for _ in f)
-    return args.grpo_warmup / (puzzles // args.batch)
+        steps_per_epoch = sum(1 for _ in f) // args.batch
+    epochs = math.ceil(args.grpo_steps / steps_per_epoch)
+    return epochs, (args.grpo_warmup + 0.5) / (epochs * steps_per_epoch)
 
 
 def server_options(args: argparse.Namespace) -> dict:

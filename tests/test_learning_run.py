@@ -2,6 +2,8 @@
 (AReaL's SFTTrainer, then train.py against the dev server), at toy sizes, so that the GPU
 experiment of docs/results.md does not fail on a path that was never run."""
 
+import argparse
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -53,11 +55,11 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     assert "rollout/reward" in (tmp_path / "out" / "curves.csv").read_text()
 
     # A time limit stops the trainer mid-run; the weights the server then holds are evaluated.
-    # The toy train file is one 75-step epoch, which a fast CPU finishes within the limit.
+    # The toy train file is a 75-step epoch: --grpo-steps 1000 runs it again and again.
     timed = learning_run(
         "grpo", "--work", str(work), "--out", str(tmp_path / "timed"), "--grpo-steps", "1000",
         "--grpo-seconds", "60", "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24",
-        "--train-max-new-tokens", "24", "--eval-every", "1000", "--set", "total_train_epochs=50",
+        "--train-max-new-tokens", "24", "--eval-every", "1000",
     )  # fmt: skip
     assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
     results = json.loads((tmp_path / "timed" / "results.json").read_text())
@@ -83,3 +85,26 @@ def test_sft_rows_pack_whole_examples_in_order():
     assert [t for row in rows for t in row["input_ids"]] == [t for e in examples for t in e["input_ids"]]
     assert [t for row in rows for t in row["loss_mask"]] == [t for e in examples for t in e["loss_mask"]]
     assert all(len(row["input_ids"]) == len(row["loss_mask"]) for row in rows)
+
+
+def load_learning_run():
+    spec = importlib.util.spec_from_file_location("learning_run", ROOT / "scripts" / "learning_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("grpo_steps, epochs", [(40, 1), (49, 1), (50, 2), (1000, 21)])
+def test_grpo_schedule_runs_the_steps_asked_with_the_warmup_asked(tmp_path, grpo_steps, epochs):
+    """AReaL stops after total_train_epochs and warms up int(proportion x its schedule's steps)."""
+    from areal.api.io_struct import FinetuneSpec
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train_e.jsonl").write_text("{}\n" * 197)  # 49 steps of 4, one puzzle left over
+    args = argparse.Namespace(work=tmp_path, batch=4, grpo_steps=grpo_steps, grpo_warmup=0)
+    for warmup in range(20):
+        args.grpo_warmup = warmup
+        got_epochs, proportion = load_learning_run().grpo_schedule(args)
+        schedule = FinetuneSpec(total_train_epochs=got_epochs, dataset_size=197, train_batch_size=4)
+        assert got_epochs == epochs and schedule.total_train_steps >= grpo_steps
+        assert int(proportion * schedule.total_train_steps) == warmup
