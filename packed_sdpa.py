@@ -16,6 +16,13 @@ when hundreds of short sequences share a row. Installing
 it replaces the "sdpa" entry of transformers' attention registry in this process; inputs
 that are not packed (a real mask, a batch of several rows, a single sequence) go to the
 original function unchanged.
+
+The varlen call reads the sequence starts from the GPU as they are, so it never waits for the
+GPU (a host sync in every layer kept the GPU idle between layers), and it attends with the
+model's own key/value heads (grouped-query attention) instead of copies repeated per query
+head. It trusts what AReaL guarantees and transformers' flash_attention_2 path trusts too:
+`cu_seq_lens_q` ends at the row's length, because `areal.utils.data.pad_packed_tensor_dict`
+pads a micro-batch by appending one more sequence (tests/test_packed_logp.py checks this).
 """
 
 from __future__ import annotations
@@ -65,23 +72,26 @@ def sdpa_per_sequence(module, query, key, value, bounds: list[int], **kwargs) ->
     return torch.cat(outputs, dim=1)
 
 
-def sdpa_varlen(module, query, key, value, bounds: list[int], **kwargs) -> torch.Tensor:
-    """CUDA, bf16/fp16: PyTorch's flash-attention varlen kernel, one call for the row."""
-    heads = query.shape[1]
-    cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
-    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-    q, k, v = (t[0].repeat_interleave(heads // t.shape[1], dim=0).transpose(0, 1) for t in (query, key, value))
-    out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **VARLEN_CAUSAL)
+def sdpa_varlen(query, key, value, cu_seq_lens: torch.Tensor, max_length: int) -> torch.Tensor:
+    """CUDA, bf16/fp16: PyTorch's flash-attention varlen kernel, one call for the row.
+
+    [1, heads, T, D] in, [1, T, heads, D] out; key and value keep their own (fewer) heads.
+    """
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    cu = cu_seq_lens.to(torch.int32)
+    out = varlen_attn(q, k, v, cu, cu, max_length, max_length, **VARLEN_CAUSAL)
     return out.unsqueeze(0)
 
 
 def varlen_usable(module: torch.nn.Module, query: torch.Tensor, **kwargs) -> bool:
-    """The kernel exists, fits the inputs, and uses the same 1/sqrt(d) scale as the model."""
+    """The kernel exists, fits the inputs, and uses the same 1/sqrt(d) scale as the model;
+    the caller passed the longest sequence's length (AReaL does, as `max_length_q`)."""
     scaling = kwargs.get("scaling") or getattr(module, "scaling", None)
     return (
         VARLEN_CAUSAL is not None
         and query.is_cuda
         and query.dtype in (torch.float16, torch.bfloat16)
+        and isinstance(kwargs.get("max_length_q"), int)
         and not kwargs.get("dropout")
         and (scaling is None or abs(scaling - query.shape[-1] ** -0.5) < 1e-6)
     )
@@ -105,9 +115,10 @@ def packed_sdpa_attention_forward(
     )
     if not packed:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if varlen_usable(module, query, **kwargs):
+        return sdpa_varlen(query, key, value, cu_seq_lens, kwargs["max_length_q"]), None
     bounds = sequence_bounds(cu_seq_lens, query.shape[2])
-    attend = sdpa_varlen if varlen_usable(module, query, **kwargs) else sdpa_per_sequence
-    return attend(module, query, key, value, bounds, **kwargs), None
+    return sdpa_per_sequence(module, query, key, value, bounds, **kwargs), None
 
 
 def install() -> None:
@@ -117,13 +128,15 @@ def install() -> None:
 
 if __name__ == "__main__":
     # `python3 -m packed_sdpa ...` runs AReaL's RPC worker with the fix installed, and with
-    # weight_push's faster wait for the rollout client's weight loads: the single-controller
-    # schedulers start training and rollout workers with this command (see
-    # `scheduling_spec.cmd` in train_config.yaml).
+    # weight_push's faster wait for the rollout client's weight loads and fast_step's faster
+    # training step: the single-controller schedulers start training and rollout workers
+    # with this command (see `scheduling_spec.cmd` in train_config.yaml).
     from areal.infra.rpc.rpc_server import main
 
+    import fast_step
     import weight_push
 
     install()
     weight_push.install()
+    fast_step.install()
     sys.exit(main())

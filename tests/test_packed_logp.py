@@ -14,6 +14,7 @@ from areal.api import FinetuneSpec
 from areal.api.alloc_mode import ModelAllocation
 from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, PPOActorConfig
 from areal.engine import FSDPPPOActor
+from areal.utils.data import concat_batch
 import packed_sdpa
 
 model_path, with_fix = sys.argv[2], sys.argv[3] == "fix"
@@ -38,6 +39,13 @@ for length in (17, 40, 29, 5):  # one micro-batch of four packed sequences
         versions=torch.zeros(1, length, dtype=torch.int32), rewards=torch.zeros(1),
     ))
 packed = actor.compute_logp(batch)
+# packed_sdpa's varlen path trusts that AReaL pads a micro-batch by appending one more
+# sequence, so that cu_seq_lens_q ends at the row's length; check it on a padded micro-batch
+micro_batches = actor._prepare_mb_list(concat_batch(batch)[0]).padded_mbs
+cu_ends_at_row_length = [
+    int(mb["cu_seq_lens_q"][-1]) == mb["input_ids"].shape[-1] > 91 and isinstance(mb["max_length_q"], int)
+    for mb in micro_batches
+]
 actor.destroy()
 
 hf = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="eager").eval()
@@ -48,15 +56,17 @@ for item, logp in zip(batch, packed):
         logits = hf(ids).logits[0]
     ref = torch.log_softmax(logits[:-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
     errors.append((logp.reshape(-1)[:-1] - ref).abs().max().item())
-print("RESULT", json.dumps(errors))
+print("RESULT", json.dumps(dict(errors=errors, cu_ends_at_row_length=cu_ends_at_row_length)))
 """
 
 
 @pytest.mark.timeout(600)
 def test_packed_logp_matches_unpacked_forward_with_fix(tiny_model_dir, single_rank):
-    errors = single_rank(SCRIPT, tiny_model_dir, "fix")
+    result = single_rank(SCRIPT, tiny_model_dir, "fix")
+    errors = result["errors"]
     assert len(errors) == 4
     assert max(errors) < 1e-4, errors
+    assert result["cu_ends_at_row_length"] == [True], "AReaL's micro-batches no longer end with cu_seqlens"
 
 
 @pytest.mark.timeout(600)
@@ -66,7 +76,7 @@ def test_plain_sdpa_leaks_across_packed_sequences(tiny_model_dir, single_rank):
     If this starts failing, AReaL or transformers fixed packing for sdpa and packed_sdpa.py
     may no longer be needed.
     """
-    errors = single_rank(SCRIPT, tiny_model_dir, "nofix")
+    errors = single_rank(SCRIPT, tiny_model_dir, "nofix")["errors"]
     assert errors[0] < 1e-4
     assert min(errors[1:]) > 1e-2, errors
 
