@@ -21,6 +21,7 @@ from datasets import Dataset
 from transformers import PreTrainedTokenizerFast
 
 import countdown
+import fast_step
 import packed_sdpa
 import weight_push
 from areal import PPOTrainer, workflow_context
@@ -31,9 +32,10 @@ from areal.utils.hf_utils import load_hf_tokenizer
 from reward_score import compute_score, has_think_answer_format
 
 # The actor and the rollout client run in this process under the SPMD launchers; see
-# packed_sdpa and weight_push for why.
+# packed_sdpa, weight_push and fast_step for why.
 packed_sdpa.install()
 weight_push.install()
+fast_step.install()
 
 
 class CountDownWorkflow(RolloutWorkflow):

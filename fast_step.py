@@ -1,0 +1,116 @@
+"""Make areal 1.0.4's FSDP training step faster on GPUs, without changing what it computes.
+
+Why this module exists: bench/gpu/train_step.py --profile charges every kernel of a GRPO step
+of the FSDPPPOActor, and every gap in which the GPU waited, to the part of AReaL's step that
+launched it (docs/results.md section 2). Two costs there are not the model's own work:
+
+- **Unfused element-wise work.** Transformers' Qwen2 runs RMSNorm (in float32), SwiGLU, the
+  rotary embedding and the residual additions as chains of small kernels, each reading and
+  writing the whole activation tensor; with the model's large matrix products that was 41% of
+  the GPU time of a 1.5B step, plus the host time of launching them. `install()` has each
+  decoder layer's forward compiled by torch.compile (dynamic shapes, so no recompilation as
+  micro-batch lengths change), which fuses those chains; the first step pays about a minute
+  of compilation. Measured against Liger's fused kernels, compilation was faster
+  (docs/results.md).
+- **Host syncs while packing micro-batches.** `areal.utils.data.pack_tensor_dict` reads two
+  numbers back from the GPU per sequence and tensor (1,851 host syncs per step for 64
+  sequences), and the GPU idles each time. `pack_tensor_dict` below gives the same result
+  with one.
+
+`install()` applies both in this process; train.py calls it in the trainer process and
+`python3 -m packed_sdpa` in AReaL's RPC workers. Compilation only happens for models on
+CUDA (the CPU demo and tests run uncompiled); `TORCHDYNAMO_DISABLE=1` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def pack_tensor_dict(data: dict) -> dict:
+    """`areal.utils.data.pack_tensor_dict` with one host sync in all: [B, S, ...] tensors
+    become [sum of lengths, ...], each row's first `attention_mask.sum()` entries in row
+    order; `attention_mask` becomes `cu_seqlens` and `max_seqlen`; the rest passes through.
+    """
+    mask = data["attention_mask"]
+    batch, width = mask.shape
+    lens = mask.sum(1, dtype=torch.int32)
+    host_lens = lens.tolist()
+    index = torch.cat([torch.arange(row * width, row * width + n) for row, n in enumerate(host_lens)])
+    index = index.to(mask.device)
+    packed = {}
+    for key, value in data.items():
+        if key == "attention_mask":
+            packed["cu_seqlens"] = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+            packed["max_seqlen"] = max(host_lens)
+        elif torch.is_tensor(value) and value.ndim >= 2 and value.shape[:2] == (batch, width):
+            packed[key] = value.flatten(0, 1).index_select(0, index)
+        else:
+            packed[key] = value
+    return packed
+
+
+def chunked_apply(fn, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024):
+    """`areal.utils.functional.vocab_parallel._chunked_apply`, slicing with `torch.split`.
+
+    AReaL applies its log-prob function to 1024-position slices of the logits. Taken with
+    `logits[i:j]`, each slice's backward fills a zero tensor the size of all the logits and
+    adds it to the gradient: ten 3 GB fills and additions for a 10,000-token micro-batch.
+    `torch.split` gives the same slices, and its backward concatenates their gradients once.
+    """
+    results = [fn(x, y) for x, y in zip(logits.split(chunk_size), labels.split(chunk_size))]
+    if isinstance(results[0], tuple):
+        return tuple(torch.cat(outputs) for outputs in zip(*results))
+    return torch.cat(results)
+
+
+def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """AReaL's `local_multi_tensor_l2_norm` (its fallback without Apex or Transformer Engine)
+    reads every gradient's norm back to the host, one host sync per parameter; this is one
+    multi-tensor kernel, as in torch.nn.utils.clip_grad_norm_."""
+    norms = torch._foreach_norm(tensor_lists[0])
+    return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
+
+
+def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
+    """AReaL's `local_multi_tensor_scale` launches two kernels per gradient; one multi-tensor
+    kernel when scaling in place (as AReaL's gradient clipping does)."""
+    sources, targets = tensor_lists
+    if all(s is t for s, t in zip(sources, targets)):
+        torch._foreach_mul_(targets, scale)
+    else:
+        torch._foreach_copy_(targets, torch._foreach_mul(sources, scale))
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> None:
+    """Each decoder layer's forward compiled by torch.compile, for any sequence length."""
+    for layer in model.get_decoder().layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+
+
+def install() -> None:
+    """All of the above in this process; decoder layers are compiled for every model AReaL's
+    FSDP engine creates on CUDA. Idempotent."""
+    from areal.engine import fsdp_engine
+    from areal.engine.fsdp_utils import grad, multi_tensor_apply
+    from areal.utils.functional import vocab_parallel
+
+    fsdp_engine.pack_tensor_dict = pack_tensor_dict
+    vocab_parallel._chunked_apply = chunked_apply
+    if grad.l2_norm_impl is multi_tensor_apply.local_multi_tensor_l2_norm:
+        grad.l2_norm_impl = multi_tensor_l2norm
+        grad.multi_tensor_scale_impl = multi_tensor_scale
+    create = fsdp_engine.FSDPEngine._create_device_model
+    if getattr(create, "compiles_layers", False):
+        return
+
+    @functools.wraps(create)
+    def create_and_compile(self) -> None:
+        create(self)
+        if self.device.type == "cuda":
+            compile_decoder_layers(self.model)
+
+    create_and_compile.compiles_layers = True
+    fsdp_engine.FSDPEngine._create_device_model = create_and_compile
