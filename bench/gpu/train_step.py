@@ -1,7 +1,7 @@
-"""GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor set-up, a config sweep, and TRL.
+"""GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor as train.py runs it, and TRL.
 
     python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b] [--seqs 64] [--steps 2] [--json PATH]
-                                    [--no-trl] [--compare-attention] [--liger] [--profile DIR]
+                                    [--no-trl] [--profile DIR] [--device cpu]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
 saved once per shape and loaded by both frameworks. The batch is the shipped config's kind:
@@ -10,22 +10,26 @@ reward per sample. Generation is excluded everywhere; each row times, for the wh
 what happens between rollouts and the next rollout: log-probs of the current policy, then
 the policy update (with its optimizer steps).
 
-AReaL (one process per shape): FSDPPPOActor built from train_config.yaml (bf16 compute on
-fp32 master weights, sdpa + packed_sdpa.py, GRPO loss with the decoupled PPO objective),
-timing compute_logp + compute_advantages + ppo_update, for the shipped config and variants:
-gradient checkpointing off, larger actor.mb_spec.max_tokens_per_mb, one PPO minibatch
-instead of four. The knobs are changed on the same actor between rows (AReaL reads them at
-every call), so one process serves a shape. Each shape first checks that packed_sdpa.py's
-varlen kernel (its default on CUDA) and one sdpa call per sequence give the same log-probs;
-with --compare-attention the shipped config is also timed with the latter (docs/results.md
-section 2 has those numbers already).
+AReaL (one process per shape): FSDPPPOActor built from train_config.yaml with train.py's
+process set-up (packed_sdpa.py; fast_step.py: compiled decoder layers, and exact
+replacements for AReaL's log-prob slicing, packing and gradient clipping), bf16 compute on
+fp32 master weights, GRPO loss with the decoupled PPO objective, timing
+compute_logp + compute_advantages + ppo_update. Rows: the shipped config; gradient
+checkpointing off (at the shipped and at half the micro-batch token budget); one PPO
+minibatch instead of four; then, with the decoder layers no longer compiled, the three ways
+to attend within packed micro-batches: packed_sdpa's varlen kernel (shipped), one sdpa call
+per sequence, and every sequence padded to the longest in one masked sdpa call (the
+"pad each sequence" fix of the sdpa packing trap). The knobs are changed on the same actor
+between rows, so one process serves a shape. The uncompiled varlen row also checks that the
+varlen kernel and one sdpa call per sequence give the same log-probs.
 
 TRL (another process per shape): GRPOTrainer.train() on the same saved model, batch and GPU,
-for the shipped config, one minibatch, and gradient checkpointing off (a new trainer each).
-TRL is an extra for this bench only (not in requirements.txt): `pip install trl` (1.16.0 was
-used). Its generation is replaced through TRL's own `rollout_func` hook, which returns the
-prebuilt prompt and completion ids instantly; the rest is TRL's unchanged code: padding,
-old log-probs, rewards from a reward function that returns the batch's rewards, group-
+for TRL's defaults (gradient checkpointing on), one minibatch, checkpointing off, and with
+TRL's own `use_liger_kernel` (a new trainer each). TRL is an extra for this bench only (not
+in requirements.txt): `pip install trl liger-kernel` (1.16.0 and 0.8.5 were used). Its
+generation is replaced through TRL's own `rollout_func` hook, which returns the prebuilt
+prompt and completion ids instantly; the rest is TRL's unchanged code: padding, old
+log-probs, rewards from a reward function that returns the batch's rewards, group-
 normalised advantages, loss, backward, clipping, AdamW steps. Set-up as TRL defaults it:
 fp32 weights with bf16 autocast (AReaL's precision too), sdpa on right-padded rows, the
 fused chunked LM head of TRL. Matching AReaL's 4 minibatches: generation batch = the whole
@@ -36,9 +40,9 @@ update starts on-policy, so the ratio is 1), while AReaL still computes them; fo
 the ratio table also compares with AReaL's update alone.
 
 Reported per row: step time (best of --steps timed steps after one warm-up step, with CUDA
-synchronised), tokens/s (real tokens: prompt + completion, no padding, the same count for
-both frameworks), peak GPU memory (torch.cuda.max_memory_allocated), and two MFUs against
-the measured bf16 matmul rate:
+synchronised; the warm-up of the first compiled row includes compilation), tokens/s (real
+tokens: prompt + completion, no padding, the same count for both frameworks), peak GPU
+memory (torch.cuda.max_memory_allocated), and two MFUs against the measured bf16 matmul rate:
 
 - MFU: the model FLOPs the step needs, divided by its time. Per sequence of L tokens, C of
   them completion: one forward costs 2 * N_body * L + 2 * N_head * C + 2 * layers * hidden
@@ -48,12 +52,12 @@ the measured bf16 matmul rate:
   forward for the log-probs (when it computes them) and a forward + backward (3 forwards)
   for the update. Recomputation by gradient checkpointing, padding and prompt-position
   logits are work, not useful FLOPs, and are not counted.
-- MFU (6N): 6 * parameters * tokens / time, the customary formula of the earlier table
+- MFU (6N): 6 * parameters * tokens / time, the customary formula of the earlier tables
   (docs/results.md section 2), kept so that those numbers stay comparable.
 
---liger runs the AReaL rows with Liger's fused RMSNorm, SwiGLU and rotary kernels (an extra
-like TRL: `pip install liger-kernel`); --profile DIR writes the costliest GPU operations of
-one more step of the shipped setting to DIR/profile_areal[_liger]_SHAPE.txt.
+--profile DIR runs one more step of the shipped setting under torch.profiler and writes
+DIR/profile_SHAPE.txt: GPU busy and idle time by phase of AReaL's step (bench/gpu/timeline.py),
+then the costliest GPU operations.
 
 Prints progress lines and Markdown tables to stdout; --json writes all rows (and every
 timed step) to a file, rewritten after each process so a run cut short keeps its rows.
@@ -83,20 +87,22 @@ SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, voc
 }
 GROUP = 8  # samples per prompt (gconfig.n_samples)
 PROMPT_LEN = 150
-DEVICE = "cuda"  # a development check on CPU sets "cpu"
-PACKED = "packed_sdpa"  # packed_sdpa.py as installed: varlen flash kernel on CUDA bf16
-PER_SEQUENCE = "per-sequence sdpa"
-MICRO_BATCH_TOKENS = (16384, 32768, 65536)  # actor.mb_spec.max_tokens_per_mb values swept
+DEVICE = "cuda"  # --device cpu: a development check of the code paths, not a measurement
+VARLEN = "varlen (packed_sdpa)"  # shipped: flash-attention's varlen kernel over the packed row
+PER_SEQUENCE = "sdpa per sequence"
+PADDED = "sdpa, each sequence padded"
 
 
 @dataclass(frozen=True)
 class Setting:
-    """The knobs one row varies; TRL rows use gradient_checkpointing and n_minibatches only."""
+    """The knobs one row varies. TRL rows use gradient_checkpointing, n_minibatches and liger."""
 
     gradient_checkpointing: bool
     max_tokens_per_mb: int
     n_minibatches: int
-    attention: str = PACKED
+    attention: str = VARLEN
+    compiled: bool = True  # fast_step's compiled decoder layers (AReaL rows)
+    liger: bool = False  # TRL's use_liger_kernel (TRL rows)
 
 
 @dataclass
@@ -113,22 +119,27 @@ def shipped_setting() -> Setting:
     return Setting(actor["gradient_checkpointing"], actor["mb_spec"]["max_tokens_per_mb"], actor["ppo_n_minibatches"])
 
 
-def areal_settings(shipped: Setting, compare_attention: bool) -> list[Setting]:
-    """Shipped first; gradient checkpointing off last, as the likeliest to run out of memory."""
+def areal_settings(shipped: Setting) -> list[Setting]:
+    """Compiled rows first (compilation happens once), then the uncompiled attention options."""
     change = dataclasses.replace
     return [
         shipped,
-        *([change(shipped, attention=PER_SEQUENCE)] if compare_attention else []),
-        *[change(shipped, max_tokens_per_mb=n) for n in MICRO_BATCH_TOKENS if n != shipped.max_tokens_per_mb],
+        change(shipped, gradient_checkpointing=not shipped.gradient_checkpointing),
+        change(shipped, gradient_checkpointing=False, max_tokens_per_mb=shipped.max_tokens_per_mb // 2),
         change(shipped, n_minibatches=1),
-        change(shipped, n_minibatches=1, max_tokens_per_mb=65536),
-        change(shipped, gradient_checkpointing=False),
+        *[change(shipped, compiled=False, attention=a) for a in (VARLEN, PER_SEQUENCE, PADDED)],
     ]
 
 
 def trl_settings(shipped: Setting) -> list[Setting]:
     change = dataclasses.replace
-    return [shipped, change(shipped, n_minibatches=1), change(shipped, gradient_checkpointing=False)]
+    checkpointing = change(shipped, gradient_checkpointing=True)  # TRL's default
+    return [
+        checkpointing,
+        change(checkpointing, n_minibatches=1),
+        change(checkpointing, gradient_checkpointing=False),
+        change(checkpointing, liger=True),
+    ]
 
 
 # --- device helpers (no-ops on CPU) ---------------------------------------------------------
@@ -272,7 +283,8 @@ def build_actor(shape: str, n_seqs: int):
 
     config, _ = load_expr_config(
         ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", "actor.backend=fsdp:d1",
-         "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr"],
+         "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr"]
+        + (["actor.dtype=float32"] if DEVICE == "cpu" else []),  # bf16 matmuls crawl on CPU
         CountDownConfig,
     )  # fmt: skip
     actor = FSDPPPOActor(config.actor)
@@ -300,30 +312,57 @@ def areal_batch(samples: list[Sample]) -> list[dict]:
     return [{k: v.to(DEVICE) for k, v in g.items()} for g in groups]
 
 
+def sdpa_padded(module, query, key, value, bounds: list[int], **kwargs):
+    """The "pad each sequence" alternative to packed_sdpa: the packed sequences of a row (as
+    [start, end) bounds) become rows of their own, padded to the longest, for one sdpa call
+    with a causal and padding mask; the padding is dropped again afterwards."""
+    import torch
+
+    lens = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=query.device)
+    longest = int(lens.max())
+    offsets = torch.arange(longest, device=query.device)
+    index = (torch.tensor(bounds[:-1], device=query.device)[:, None] + offsets).clamp(max=query.shape[2] - 1)
+    valid = offsets[None] < lens[:, None]  # [sequences, longest]
+    q, k, v = (t[0][:, index].transpose(0, 1) for t in (query, key, value))  # [sequences, heads, longest, D]
+    causal = torch.ones(longest, longest, dtype=torch.bool, device=query.device).tril()
+    mask = causal[None, None] & valid[:, None, None, :]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=getattr(module, "scaling", None), enable_gqa=True
+    )
+    return out.transpose(1, 2)[valid].unsqueeze(0)  # [1, tokens, heads, D], packed order
+
+
 def use_attention(attention: str) -> None:
-    """Register packed_sdpa as train_config.yaml runs it, or forced to one sdpa call per sequence."""
+    """Register packed_sdpa as train.py installs it, or one of the two alternatives."""
     from transformers import AttentionInterface
 
     import packed_sdpa
 
-    def per_sequence(module, q, k, v, mask, **kw):
+    def alternative(module, q, k, v, mask, **kw):
         cu = kw.get("cu_seq_lens_q")
         if cu is None or mask is not None or q.shape[0] != 1 or cu.numel() <= 2:
             return packed_sdpa.sdpa_attention_forward(module, q, k, v, mask, **kw)
-        return packed_sdpa.sdpa_per_sequence(module, q, k, v, packed_sdpa.sequence_bounds(cu, q.shape[2]), **kw), None
+        bounds = packed_sdpa.sequence_bounds(cu, q.shape[2])
+        if attention == PADDED:
+            return sdpa_padded(module, q, k, v, bounds), None
+        return packed_sdpa.sdpa_per_sequence(module, q, k, v, bounds, **kw), None
 
-    forward = packed_sdpa.packed_sdpa_attention_forward if attention == PACKED else per_sequence
+    forward = packed_sdpa.packed_sdpa_attention_forward if attention == VARLEN else alternative
     AttentionInterface.register("sdpa", forward)
 
 
 def configure(actor, setting: Setting) -> None:
-    """Apply a row's knobs to the live actor: AReaL reads all three at every call."""
+    """Apply a row's knobs to the live actor: AReaL reads them at every call. Uncompiling
+    removes fast_step's compiled forwards (the layers' own forward shows again)."""
     actor.config.mb_spec = dataclasses.replace(actor.config.mb_spec, max_tokens_per_mb=setting.max_tokens_per_mb)
     actor.config.ppo_n_minibatches = setting.n_minibatches
     if setting.gradient_checkpointing:
         actor.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         actor.model.gradient_checkpointing_disable()
+    if not setting.compiled:
+        for layer in actor.model.get_decoder().layers:
+            layer.__dict__.pop("forward", None)
     use_attention(setting.attention)
 
 
@@ -345,68 +384,59 @@ def logp_max_diff(actor, batch: list[dict]) -> float:
     import torch
 
     logps = []
-    for attention in (PACKED, PER_SEQUENCE):
+    for attention in (VARLEN, PER_SEQUENCE):
         use_attention(attention)
         logps.append(torch.cat([x.flatten() for x in actor.compute_logp(batch)]))
+    use_attention(VARLEN)
     return (logps[0] - logps[1]).abs().max().item()
 
 
-def profile_step(step, out: Path) -> None:
-    """One more step under torch.profiler: its 40 costliest GPU ops; the table ends with the
-    step's total GPU time ("Self CUDA time total"), to compare with the un-profiled step time."""
-    from torch.profiler import ProfilerActivity, profile
+def profile_step(step, model, out: Path) -> None:
+    """One more step under torch.profiler. Writes the step's GPU time and GPU idle time by
+    phase of AReaL's step (bench/gpu/timeline.py), then its 40 costliest GPU operations; that
+    table ends with the total GPU time ("Self CUDA time total")."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    import timeline
 
     sync()
-    start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-        sync()
-    wall = time.perf_counter() - start
-    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90)
-    out.write_text(f"wall {wall:.3f} s (profiled)\n\n{table}\n")
+    with timeline.annotate_areal(model), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        with record_function("grpo step"):
+            step()
+            sync()
+        wall = time.perf_counter() - start
+    ops = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90)
+    trace = out.with_suffix(".trace.json")
+    prof.export_chrome_trace(str(trace))
+    phases = timeline.phase_table(trace, "grpo step", wall * 1e3)
+    trace.unlink()
+    out.write_text(f"wall {wall:.3f} s (profiled)\n\n{phases}\n\n{ops}\n")
 
 
-def use_liger() -> None:
-    """Liger's fused Triton kernels for Qwen2's RMSNorm, SwiGLU MLP and rotary embedding.
-
-    They replace transformers' module classes, so they apply to the model AReaL builds next.
-    The LM head stays as it is: AReaL computes log-probs from the logits itself.
-    """
-    from liger_kernel.transformers import apply_liger_kernel_to_qwen2
-
-    apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False)
-
-
-def areal_rows(
-    shape: str, n_seqs: int, peak_tflops: float, steps: int, compare_attention: bool, profile_dir: Path | None,
-    liger: bool,
-) -> None:
+def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_dir: Path | None) -> None:
     """Runs inside its own process (the actor owns torch.distributed there); emits one row per setting."""
     sys.path.insert(0, str(ROOT))
-    if liger:
-        use_liger()
     actor = build_actor(shape, n_seqs)
     samples = make_samples(n_seqs, SHAPES[shape][5])
     batch = areal_batch(samples)
     n_params = count_params(shape)
     shipped = shipped_setting()
-    diff = logp_max_diff(actor, batch)
-    for setting in areal_settings(shipped, compare_attention):
-        row = dict(framework="AReaL + Liger" if liger else "AReaL", shape=shape, params_m=round(n_params / 1e6),
-                   seqs=n_seqs, **dataclasses.asdict(setting))  # fmt: skip
-        if setting.attention == PER_SEQUENCE or setting == shipped:
-            row["logp_max_diff"] = diff
+    for setting in areal_settings(shipped):
+        row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
+                   **dataclasses.asdict(setting))  # fmt: skip
         try:
             configure(actor, setting)
+            if not setting.compiled and setting.attention == VARLEN:  # checked uncompiled: no recompilation
+                row["logp_max_diff"] = logp_max_diff(actor, batch)
             reset_memory()
-            timed = [areal_step(actor, batch) for _ in range(1 + steps)][1:]
-            best_logp, best_update = min(t[0] for t in timed), min(t[1] for t in timed)
-            row |= timing_fields(shape, samples, n_params, peak_tflops, [a + b for a, b in timed], forwards=4)
-            row |= dict(logp_s=round(best_logp, 3), update_s=round(best_update, 3),
+            timed = [areal_step(actor, batch) for _ in range(1 + steps)]
+            best_logp, best_update = min(t[0] for t in timed[1:]), min(t[1] for t in timed[1:])
+            row |= timing_fields(shape, samples, n_params, peak_tflops, [a + b for a, b in timed[1:]], forwards=4)
+            row |= dict(logp_s=round(best_logp, 3), update_s=round(best_update, 3), warmup_s=round(sum(timed[0]), 1),
                         update_tokens_per_s=round(row["tokens"] / best_update))  # fmt: skip
             if profile_dir and setting == shipped:
-                name = f"profile_areal{'_liger' if liger else ''}_{shape}.txt"
-                profile_step(lambda: areal_step(actor, batch), profile_dir / name)
+                profile_step(lambda: areal_step(actor, batch), actor.model, profile_dir / f"profile_{shape}.txt")
         except Exception as e:  # noqa: BLE001 - one failing row (out of memory, say) must not lose the rest
             row["error"] = failure(e)
             actor.optimizer.zero_grad(set_to_none=True)
@@ -446,6 +476,7 @@ def trl_trainer(model_path: Path, samples: list[Sample], setting: Setting, n_bat
         bf16=True, use_cpu=DEVICE == "cpu", model_init_kwargs={"attn_implementation": "sdpa"},
         learning_rate=1e-6, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=1.0,
         beta=0.0, epsilon=0.2, temperature=1.0, max_completion_length=max(len(s.completion) for s in samples),
+        use_liger_kernel=setting.liger,
     )  # fmt: skip
 
     def rollout(prompts: list, trainer) -> dict:
@@ -508,7 +539,8 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int) -> None:
     for setting in trl_settings(shipped_setting()):
         row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
-                   n_minibatches=setting.n_minibatches, attention="sdpa, padded", padded_tokens=padded)  # fmt: skip
+                   n_minibatches=setting.n_minibatches, attention="sdpa, right-padded rows", compiled=False,
+                   liger=setting.liger, padded_tokens=padded)  # fmt: skip
         trainer = None
         try:
             reset_memory()
@@ -530,7 +562,7 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int) -> None:
 
 def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> list[dict]:
     """One process per (framework, shape); forwards its rows as they come, keeps its log tail."""
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     if kind == "areal":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -538,11 +570,9 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> l
         env |= {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port), "AREAL_SPMD_MODE": "1"}  # fmt: skip
     cmd = [sys.executable, __file__, "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
-           "--peak", str(peak)] + (["--compare-attention"] if args.compare_attention else [])  # fmt: skip
+           "--peak", str(peak), "--device", DEVICE]  # fmt: skip
     if args.profile:
         cmd += ["--profile", str(args.profile)]
-    if args.liger:
-        cmd += ["--liger"]
     progress(f"{kind} {shape}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows, tail = [], deque(maxlen=30)
@@ -561,22 +591,27 @@ def progress(message: str) -> None:
     print(f"[{time.perf_counter() - START:4.0f} s] {message}", flush=True)
 
 
+def knobs(row: dict) -> str:
+    extras = [x for x, on in (("compiled", row["compiled"]), ("Liger", row["liger"])) if on]
+    return (f"ckpt={'on' if row['gradient_checkpointing'] else 'off'} mb_tokens={row['max_tokens_per_mb']} "
+            f"minibatches={row['n_minibatches']} {row['attention']}" + "".join(f", {x}" for x in extras))  # fmt: skip
+
+
 def summary(row: dict) -> str:
-    knobs = (f"ckpt={'on' if row['gradient_checkpointing'] else 'off'} mb_tokens={row['max_tokens_per_mb']} "
-             f"minibatches={row['n_minibatches']} {row['attention']}")  # fmt: skip
     if "error" in row:
-        return f"{knobs}: {row['error']}"
-    return f"{knobs}: {row['step_s']} s, {row['tokens_per_s']} tokens/s, {row['peak_mem_gib']} GiB"
+        return f"{knobs(row)}: {row['error']}"
+    return f"{knobs(row)}: {row['step_s']} s, {row['tokens_per_s']} tokens/s, {row['peak_mem_gib']} GiB"
 
 
 def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
-    """AReaL tokens/s over TRL tokens/s for the same checkpointing and minibatch count."""
+    """AReaL tokens/s over TRL tokens/s, for the same checkpointing and minibatch count; AReaL
+    as shipped otherwise (compiled, varlen attention, the shipped micro-batch token budget)."""
     out = []
     for trl_row in (r for r in rows if r["framework"].startswith("TRL") and "error" not in r):
         match = [
             r for r in rows
             if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"]
-            and r["attention"] == PACKED and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
+            and r["compiled"] and r["attention"] == VARLEN and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
             and (r["gradient_checkpointing"], r["n_minibatches"])
             == (trl_row["gradient_checkpointing"], trl_row["n_minibatches"])
         ]  # fmt: skip
@@ -584,9 +619,9 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
             areal = match[0]
             out.append(dict(
                 shape=trl_row["shape"], gradient_checkpointing=trl_row["gradient_checkpointing"],
-                n_minibatches=trl_row["n_minibatches"], areal_tokens_per_s=areal["tokens_per_s"],
-                trl_tokens_per_s=trl_row["tokens_per_s"], trl_old_logps=trl_row["old_logps"],
-                ratio=round(areal["tokens_per_s"] / trl_row["tokens_per_s"], 2),
+                n_minibatches=trl_row["n_minibatches"], trl_liger=trl_row["liger"],
+                areal_tokens_per_s=areal["tokens_per_s"], trl_tokens_per_s=trl_row["tokens_per_s"],
+                trl_old_logps=trl_row["old_logps"], ratio=round(areal["tokens_per_s"] / trl_row["tokens_per_s"], 2),
                 update_only_ratio=None if trl_row["old_logps"]
                 else round(areal["update_tokens_per_s"] / trl_row["tokens_per_s"], 2),
             ))  # fmt: skip
@@ -594,63 +629,68 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
 
 
 def print_tables(rows: list[dict], ratio_rows: list[dict]) -> None:
-    print("\n| framework | shape | params (M) | grad ckpt | tokens/mb | minibatches | attention | tokens | "
+    print("\n| framework | shape | grad ckpt | tokens/mb | minibatches | attention | compiled / Liger | tokens | "
           "step (s) | log-probs (s) | tokens/s | MFU | MFU (6N) | peak mem (GiB) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ckpt = "on" if r["gradient_checkpointing"] else "off"
-        knobs = (f"| {r['framework']} | {r['shape']} | {r['params_m']} | {ckpt} | {r['max_tokens_per_mb'] or '-'} "
-                 f"| {r['n_minibatches']} | {r['attention']} |")  # fmt: skip
+        extra = "compiled" if r["compiled"] else "Liger" if r["liger"] else "-"
+        head = (f"| {r['framework']} | {r['shape']} | {ckpt} | {r['max_tokens_per_mb'] or '-'} | {r['n_minibatches']} "
+                f"| {r['attention']} | {extra} |")  # fmt: skip
         if "error" in r:
-            print(f"{knobs} {r['error']} |||||||")
+            print(f"{head} {r['error']} |||||||")
             continue
-        print(f"{knobs} {r['tokens']} | {r['step_s']} | {r['logp_s']} | {r['tokens_per_s']} | {r['mfu']:.1%} | "
+        print(f"{head} {r['tokens']} | {r['step_s']} | {r['logp_s']} | {r['tokens_per_s']} | {r['mfu']:.1%} | "
               f"{r['mfu_6n']:.1%} | {r['peak_mem_gib']} |")  # fmt: skip
     print("\nlog-probs (s): AReaL's compute_logp; TRL's processing of the rollouts: padding, old log-probs (where"
           " the ratio table says so), rewards, advantages. Step times: the best of the timed steps.")  # fmt: skip
     diffs = {r["shape"]: r["logp_max_diff"] for r in rows if "logp_max_diff" in r}
-    print("\nmax |log-prob| difference, packed_sdpa vs per-sequence sdpa: "
+    print("\nmax |log-prob| difference, varlen kernel vs sdpa per sequence: "
           + ", ".join(f"{shape} {d:.2e}" for shape, d in diffs.items()))  # fmt: skip
-    print("\n| shape | grad ckpt | minibatches | AReaL tokens/s | TRL tokens/s | AReaL / TRL "
+    print("\n| shape | grad ckpt | minibatches | TRL | AReaL tokens/s | TRL tokens/s | AReaL / TRL "
           "| TRL computes old log-probs | AReaL update alone / TRL |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in ratio_rows:
         print(f"| {r['shape']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['n_minibatches']} | "
-              f"{r['areal_tokens_per_s']} | {r['trl_tokens_per_s']} | {r['ratio']} | "
-              f"{'yes' if r['trl_old_logps'] else 'no'} | {r['update_only_ratio'] or '-'} |", flush=True)  # fmt: skip
+              f"{'with Liger' if r['trl_liger'] else 'default'} | {r['areal_tokens_per_s']} | {r['trl_tokens_per_s']} "
+              f"| {r['ratio']} | {'yes' if r['trl_old_logps'] else 'no'} | {r['update_only_ratio'] or '-'} |",
+              flush=True)  # fmt: skip
 
 
 def main() -> None:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["small", "0.5b", "1.5b"], choices=list(SHAPES))
     parser.add_argument("--seqs", type=int, default=64, help="sequences per batch (a multiple of 8)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per row, after one warm-up step")
     parser.add_argument("--no-trl", action="store_true", help="AReaL rows only")
-    parser.add_argument("--compare-attention", action="store_true",
-                        help="also time the shipped config with one sdpa call per sequence")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write all rows here")
-    parser.add_argument("--liger", action="store_true",
-                        help="AReaL rows with Liger's fused RMSNorm/SwiGLU/RoPE kernels (pip install liger-kernel)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="profile one more step of AReaL's shipped config: DIR/profile_areal_SHAPE.txt")
+                        help="profile one more step of AReaL's shipped config: DIR/profile_SHAPE.txt")  # fmt: skip
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: a quick check that the code paths run (float32, no timing value)")  # fmt: skip
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--peak", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    DEVICE = args.device
     if args.child:
         kind, shape = args.child
         if kind == "areal":
-            areal_rows(shape, args.seqs, args.peak, args.steps, args.compare_attention, args.profile, args.liger)
+            areal_rows(shape, args.seqs, args.peak, args.steps, args.profile)
         else:
             trl_rows(shape, args.seqs, args.peak, args.steps)
         return
 
     import torch
 
-    peak = matmul_tflops()
-    gpu = torch.cuda.get_device_name()
+    peak = matmul_tflops() if DEVICE == "cuda" else 1.0
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     print(f"GPU: {gpu}, measured bf16 matmul: {peak:.0f} TFLOP/s", flush=True)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     shipped = shipped_setting()
-    result = dict(gpu=gpu, matmul_tflops=round(peak), shipped=dataclasses.asdict(shipped), rows=[], ratios=[])
+    result = dict(gpu=gpu, matmul_tflops=round(peak), date=time.strftime("%Y-%m-%d"), seqs=args.seqs,
+                  shipped=dataclasses.asdict(shipped), rows=[], ratios=[])  # fmt: skip
     for shape in args.shapes:
         for kind in ["areal"] + ([] if args.no_trl else ["trl"]):
             result["rows"] += run_child(kind, shape, args, peak)

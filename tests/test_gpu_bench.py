@@ -1,0 +1,77 @@
+"""The parts of bench/gpu/train_step.py whose numbers need no GPU to check: the GPU-time
+attribution of its --profile table (bench/gpu/timeline.py), on a hand-made trace, and the
+"pad each sequence" attention it times against packed_sdpa."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "gpu"))
+
+import timeline  # noqa: E402
+import train_step  # noqa: E402
+
+
+def kernel(start: float, end: float, launched: float, correlation: int) -> list[dict]:
+    """A GPU kernel and the CPU-side launch it came from, as torch.profiler's Chrome trace has them."""
+    return [
+        dict(cat="kernel", ph="X", name="k", ts=start, dur=end - start, args=dict(correlation=correlation)),
+        dict(cat="cuda_runtime", ph="X", name="cudaLaunchKernel", ts=launched, dur=1,
+             args=dict(correlation=correlation)),
+    ]
+
+
+def phase(start: float, end: float, name: str) -> dict:
+    return dict(cat="user_annotation", ph="X", name=name, ts=start, dur=end - start)
+
+
+def test_nested_phases_flatten_to_the_innermost():
+    ranges = [(0, 100, "outer"), (10, 40, "inner"), (50, 90, "inner2"), (200, 300, "b")]
+    starts, labels = timeline.phase_segments(ranges)
+    assert list(zip(starts, labels)) == [
+        (0, "outer"), (10, "inner"), (40, "outer"), (50, "inner2"), (90, "outer"), (100, timeline.OTHER),
+        (200, "b"), (300, timeline.OTHER),
+    ]  # fmt: skip
+
+
+def test_busy_and_idle_time_go_to_the_phase_that_launched_each_kernel():
+    events = [
+        phase(0, 100, "compute_logp (other)"), phase(10, 40, "pack micro-batches"), phase(50, 90, "model forward"),
+        phase(200, 300, "backward"), phase(500, 600, "not a phase of the step"),
+        *kernel(20, 30, launched=15, correlation=1),  # idle 0-20 while packing
+        *kernel(60, 110, launched=55, correlation=2),  # idle 30-60 in the forward
+        *kernel(100, 140, launched=95, correlation=3),  # overlaps the previous kernel: 30 of its 40 count
+        *kernel(250, 270, launched=240, correlation=4),  # idle 140-250 before the backward's kernel
+        dict(cat="cuda_runtime", ph="X", name="cudaStreamSynchronize", ts=30, dur=5, args={}),
+    ]  # fmt: skip
+    table = timeline.time_by_phase(events, (0, 300))
+    ms = {name: (row["busy_ms"] * 1e3, row["idle_ms"] * 1e3, row["syncs"]) for name, row in table.items()}
+    assert ms == {
+        "pack micro-batches": (10, 20, 1),
+        "model forward": (50, 30, 0),
+        "compute_logp (other)": (30, 0, 0),
+        "backward": (20, 110, 0),
+        timeline.OTHER: (0, 30, 0),  # 270-300: nothing ran
+    }
+    total = sum(busy + idle for busy, idle, _ in ms.values())
+    assert total == 300  # every microsecond of the step is charged once
+
+
+def test_padded_attention_equals_one_sdpa_call_per_sequence():
+    """Both alternatives to packed_sdpa's kernel compute the same causal attention within
+    each packed sequence (fp32, CPU), with grouped key/value heads and trailing padding."""
+    import packed_sdpa
+
+    gen = torch.Generator().manual_seed(0)
+    bounds = [0, 7, 19, 20, 33, 40]
+    heads, kv_heads, dim = 6, 2, 8
+    module = torch.nn.Module()
+    module.scaling = dim**-0.5
+    module.num_key_value_groups = heads // kv_heads
+    query = torch.randn(1, heads, 40, dim, generator=gen)
+    key, value = (torch.randn(1, kv_heads, 40, dim, generator=gen) for _ in range(2))
+    padded = train_step.sdpa_padded(module, query, key, value, bounds)
+    per_sequence = packed_sdpa.sdpa_per_sequence(module, query, key, value, bounds, scaling=module.scaling)
+    assert padded.shape == per_sequence.shape == (1, 40, heads, dim)
+    assert (padded - per_sequence).abs().max().item() < 1e-5
