@@ -97,6 +97,11 @@ def varlen_usable(module: torch.nn.Module, query: torch.Tensor, **kwargs) -> boo
     )
 
 
+def is_packed(query: torch.Tensor, attention_mask: torch.Tensor | None, cu_seq_lens: torch.Tensor | None) -> bool:
+    """Several sequences share the single row, marked only by `cu_seq_lens` (AReaL's packing)."""
+    return cu_seq_lens is not None and attention_mask is None and query.shape[0] == 1 and cu_seq_lens.numel() > 2
+
+
 def packed_sdpa_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -107,13 +112,7 @@ def packed_sdpa_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """sdpa that respects `cu_seq_lens_q` when several sequences share one row."""
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
-    packed = (
-        cu_seq_lens is not None
-        and attention_mask is None
-        and query.shape[0] == 1
-        and cu_seq_lens.numel() > 2
-    )
-    if not packed:
+    if not is_packed(query, attention_mask, cu_seq_lens):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if varlen_usable(module, query, **kwargs):
         return sdpa_varlen(query, key, value, cu_seq_lens, kwargs["max_length_q"]), None

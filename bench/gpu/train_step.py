@@ -312,7 +312,7 @@ def areal_batch(samples: list[Sample]) -> list[dict]:
     return [{k: v.to(DEVICE) for k, v in g.items()} for g in groups]
 
 
-def sdpa_padded(module, query, key, value, bounds: list[int], **kwargs):
+def sdpa_padded(module, query, key, value, bounds: list[int]):
     """The "pad each sequence" alternative to packed_sdpa: the packed sequences of a row (as
     [start, end) bounds) become rows of their own, padded to the longest, for one sdpa call
     with a causal and padding mask; the padding is dropped again afterwards."""
@@ -340,7 +340,7 @@ def use_attention(attention: str) -> None:
 
     def alternative(module, q, k, v, mask, **kw):
         cu = kw.get("cu_seq_lens_q")
-        if cu is None or mask is not None or q.shape[0] != 1 or cu.numel() <= 2:
+        if not packed_sdpa.is_packed(q, mask, cu):
             return packed_sdpa.sdpa_attention_forward(module, q, k, v, mask, **kw)
         bounds = packed_sdpa.sequence_bounds(cu, q.shape[2])
         if attention == PADDED:
