@@ -71,9 +71,10 @@ def annotate_areal(model) -> Iterator[None]:
 
         return wrapper
 
-    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in areal_phases()]
-    for (owner, attr, name), (_, _, fn) in zip(areal_phases(), saved):
-        setattr(owner, attr, ranged(fn, name))
+    phases = areal_phases()
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in phases]
+    for owner, attr, name in phases:
+        setattr(owner, attr, ranged(getattr(owner, attr), name))
     model.forward = ranged(model.forward, "model forward")
     try:
         yield
