@@ -2,25 +2,29 @@
 
 Why this module exists: bench/gpu/train_step.py --profile charges every kernel of a GRPO step
 of the FSDPPPOActor, and every gap in which the GPU waited, to the part of AReaL's step that
-launched it. Four costs there were not the model's own work (docs/results.md section 2):
+launched it. Five costs there were not the model's own work (docs/results.md section 2):
 
 - **Unfused element-wise work.** Transformers' Qwen2 runs RMSNorm (in float32), SwiGLU, the
   rotary embedding and the residual additions as chains of small kernels, each reading and
   writing the whole activation tensor: 41% of the GPU time of a 1.5B step, plus the host
   time of launching them. Each decoder layer's forward is compiled by torch.compile (dynamic
-  shapes: no recompilation as micro-batch lengths change), which fuses those chains; the
-  first step pays about a minute of compilation. It beat Liger's fused kernels.
+  shapes: after one recompilation in the second step, none as micro-batch lengths change),
+  which fuses those chains; the first step pays about a minute of compilation. It beat
+  Liger's fused kernels.
 - **Log-prob slices.** AReaL computes log-probs in 1024-position slices of the logits, and
   each slice's backward fills and adds a zero tensor the size of all the logits.
 - **Packing micro-batches** read two numbers back from the GPU per sequence and tensor
   (1,851 host syncs per step for 64 sequences); one sync does.
 - **Gradient clipping** without Apex or Transformer Engine reads each parameter's gradient
   norm back to the host (1,364 host syncs per step at 1.5B); multi-tensor kernels do not.
+- **Advantages.** AReaL's estimate loops in Python over every position of the padded batch,
+  ~10,000 tiny kernels per step; for GRPO it is a reverse cumulative sum.
 
-Together: a 1.48x faster step at 0.5B and 1.5B. The three replacements give AReaL's results
-bit for bit, but for the last digits of the gradient norm (another summation order;
-tests/test_fast_step.py). `install()` applies all four in this process; train.py
-calls it in the trainer process and `python3 -m packed_sdpa` in AReaL's RPC workers.
+Together: a 1.48x faster step at 0.5B and 1.5B. The four replacements give AReaL's results
+bit for bit, but for the last digits of the gradient norm, and of the advantages when the
+reward has a KL penalty (kl_ctl > 0): other summation orders (tests/test_fast_step.py).
+`install()` applies all five in this process; train.py calls it in the trainer process and
+`python3 -m packed_sdpa` in AReaL's RPC workers.
 Compilation only happens for models on CUDA (the CPU demo and tests run uncompiled);
 `TORCHDYNAMO_DISABLE=1` turns it off.
 """
@@ -87,6 +91,76 @@ def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
         torch._foreach_copy_(targets, torch._foreach_mul(sources, scale))
 
 
+def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Along the last dimension: entry t is x[..., t] + x[..., t + 1] + ... + x[..., -1]."""
+    return x.flip(-1).cumsum(-1).flip(-1)
+
+
+def compute_advantages(self, data: dict) -> dict:
+    """`PPOActor._compute_advantages` with GRPO's advantages computed in a few kernels.
+
+    AReaL estimates advantages with a Python loop over every position of the padded batch,
+    about 12 tiny kernels each: ~10,000 launches for 774-position rows, during which the GPU
+    waits. Without a critic (no "values") and with discount x gae_lambda = 1, as GRPO runs,
+    that loop adds up the token rewards of the loss-masked positions from each position to
+    the end of the row: a reverse cumulative sum. Every other line is AReaL's computation in
+    AReaL's order (the same tensors, the same in-place updates of `data`); other settings run
+    AReaL's own function.
+    """
+    if "values" in data or self.discount * self.gae_lambda != 1:
+        return self._areal_compute_advantages(data)
+    if self.config.overlong_reward_penalty:
+        from areal.utils.functional import reward_overlong_penalty
+
+        data = reward_overlong_penalty(
+            data,
+            overlong_tokens=self.config.overlong_tokens,
+            overlong_penalty_factor=self.config.overlong_penalty_factor,
+            max_response_length=self.config.max_new_tokens,
+        )
+    reward_score = (data["rewards"] + self.reward_bias) * self.reward_scaling
+    reward_score = torch.clip(reward_score, max=self.reward_clip, min=-self.reward_clip)
+    if self.reward_norm:
+        reward_score = self.reward_norm(reward_score)
+
+    loss_mask = torch.roll(data["loss_mask"].float(), shifts=-1, dims=-1)
+    if not self.config.use_decoupled_loss and self.config.recompute_logprob:
+        if data["prox_logp"] is None:
+            raise ValueError("prox_logp is None but recompute_logprob=True: compute_logp() was skipped.")
+        old_logp = data["logprobs"] = data["prox_logp"]
+    else:
+        old_logp = torch.roll(data["logprobs"], shifts=-1, dims=-1)
+        if not self.config.use_decoupled_loss:
+            data["prox_logp"] = old_logp
+    ref_logp = data.get("ref_logp")
+    if ref_logp is None:
+        ref_logp = torch.zeros_like(old_logp)
+    ref_logp *= loss_mask
+    old_logp *= loss_mask
+
+    attn_mask = data["attention_mask"]
+    rows = torch.arange(attn_mask.shape[0], device=attn_mask.device)
+    seqlens = attn_mask.sum(-1).long()
+    no_eos = seqlens == attn_mask.shape[1]
+    rewards = -self.kl_ctl * self.kl_estimator(old_logp, ref_logp)
+    kl_rewards = rewards.clone()
+    rewards[rows, seqlens - 1] = 0
+    last = torch.clip(seqlens - 2, min=0)
+    rewards[rows, last] += torch.where(no_eos, 0, reward_score) if self.mask_no_eos_with_zero else reward_score
+
+    values = torch.zeros_like(rewards)
+    advantages = torch.nn.functional.pad(reverse_cumsum(rewards[:, :-1] * loss_mask[:, :-1]), (0, 1))
+    data["returns"] = advantages + values
+    if self.adv_norm is not None:
+        advantages = self.adv_norm(advantages, loss_mask)
+    data["advantages"] = advantages
+    data["kl_rewards"] = kl_rewards
+    data["tot_rewards"] = rewards
+    data["loss_mask"] = loss_mask
+    data["logprobs"] = old_logp
+    return data
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> None:
     """Each decoder layer's forward compiled by torch.compile, for any sequence length."""
     for layer in model.get_decoder().layers:
@@ -98,10 +172,14 @@ def install() -> None:
     FSDP engine creates on CUDA. Idempotent."""
     from areal.engine import fsdp_engine
     from areal.engine.fsdp_utils import grad, multi_tensor_apply
+    from areal.trainer.ppo.actor import PPOActor
     from areal.utils.functional import vocab_parallel
 
     fsdp_engine.pack_tensor_dict = pack_tensor_dict
     vocab_parallel._chunked_apply = chunked_apply
+    if not hasattr(PPOActor, "_areal_compute_advantages"):
+        PPOActor._areal_compute_advantages = PPOActor._compute_advantages
+        PPOActor._compute_advantages = compute_advantages
     if grad.l2_norm_impl is multi_tensor_apply.local_multi_tensor_l2_norm:
         grad.l2_norm_impl = multi_tensor_l2norm
         grad.multi_tensor_scale_impl = multi_tensor_scale

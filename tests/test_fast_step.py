@@ -121,3 +121,67 @@ def test_compiled_layers_compute_what_the_model_computes(tiny_model_dir):
         compiled = [model(ids).logits for ids in inputs]
     for a, b in zip(eager, compiled):
         assert (a - b).abs().max().item() < 1e-4
+
+
+def advantage_batch(gen: torch.Generator, batch: int, width: int) -> dict:
+    """A padded GRPO batch as compute_logp leaves it: prompt, completion (loss mask, with a few
+    holes), padding; some rows fill the width (no EOS), some have no completion."""
+    lens = torch.randint(2, width + 1, (batch,), generator=gen)
+    lens[0] = width
+    prompt = torch.randint(1, 4, (batch,), generator=gen).minimum(lens - 1)
+    prompt[-1] = lens[-1]
+    pos = torch.arange(width)[None]
+    attention = pos < lens[:, None]
+    holes = torch.rand(batch, width, generator=gen) < 0.1
+    return dict(
+        input_ids=torch.randint(0, 1000, (batch, width), generator=gen),
+        attention_mask=attention,
+        loss_mask=(attention & (pos >= prompt[:, None]) & ~holes).int(),
+        logprobs=-torch.rand(batch, width, generator=gen) * 5,
+        prox_logp=-torch.rand(batch, width, generator=gen) * 5,
+        rewards=torch.randint(0, 2, (batch,), generator=gen).float(),
+    )
+
+
+ADVANTAGE_CONFIGS = [  # (PPOActorConfig fields, exact): the shipped GRPO setting first
+    (dict(use_decoupled_loss=True, recompute_logprob=True), True),
+    (dict(use_decoupled_loss=False, recompute_logprob=True), True),
+    (dict(use_decoupled_loss=False, recompute_logprob=False), True),
+    (dict(mask_no_eos_with_zero=True, reward_bias=-0.5, reward_scaling=2.0, reward_clip=0.7), True),
+    (dict(adv_norm=None, reward_norm=None), True),
+    (dict(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=0.5, max_new_tokens=12), True),
+    (dict(kl_ctl=0.1), False),  # a reward at every position: summed in another order
+    (dict(gae_lambda=0.95), True),  # AReaL's own loop
+]
+
+
+@pytest.mark.parametrize("fields, exact", ADVANTAGE_CONFIGS)
+def test_vectorised_advantages_give_areals_batch(fields, exact):
+    """Every tensor AReaL's `_compute_advantages` returns, and the in-place updates of its
+    input, for batches with prompts, padding and rows without EOS; bit for bit where each row
+    has one reward (kl_ctl = 0, as GRPO ships)."""
+    from areal.api.cli_args import NormConfig, PPOActorConfig
+    from areal.trainer.ppo.actor import PPOActor
+
+    fast_step.install()  # keeps AReaL's function for the settings it does not vectorise
+    fields = dict(
+        dict(
+            kl_ctl=0.0,
+            reward_norm=NormConfig(mean_level="group", std_level="group", group_size=4),
+            adv_norm=NormConfig(mean_level="batch", std_level="batch"),
+        ),
+        **fields,
+    )
+    actor = PPOActor(PPOActorConfig(experiment_name="x", trial_name="y", path="-", **fields), engine=None)
+    areal = unpatched(importlib.import_module("areal.trainer.ppo.actor")).PPOActor._compute_advantages
+    gen = torch.Generator().manual_seed(0)
+    for batch, width in [(8, 20), (16, 57), (4, 3)]:
+        data = advantage_batch(gen, batch, width)
+        want = areal(actor, {k: v.clone() for k, v in data.items()})
+        got = fast_step.compute_advantages(actor, {k: v.clone() for k, v in data.items()})
+        assert list(got) == list(want)
+        for key, value in want.items():
+            if exact:
+                assert torch.equal(got[key], value), key
+            else:
+                torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6, msg=key)
