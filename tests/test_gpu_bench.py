@@ -35,10 +35,25 @@ def test_nested_phases_flatten_to_the_innermost():
     ]  # fmt: skip
 
 
+def test_fsdp_and_compiled_ranges_split_the_phase_around_them():
+    ranges = [(0, 100, "model forward"), (10, 20, "FSDP::pre_forward"), (20, 40, "compiled layer"),
+              (200, 210, "FSDP::pre_forward")]  # fmt: skip
+    starts, labels = timeline.phase_segments(ranges, frozenset({"FSDP::pre_forward", "compiled layer"}))
+    assert list(zip(starts, labels)) == [
+        (0, "model forward"), (10, "model forward / FSDP::pre_forward"), (20, "model forward / compiled layer"),
+        (40, "model forward"), (100, timeline.OTHER), (200, f"{timeline.OTHER} / FSDP::pre_forward"),
+        (210, timeline.OTHER),
+    ]  # fmt: skip
+    assert timeline.detail_name("FSDP::post_backward_reduce (model.layers.7)") == "FSDP::post_backward_reduce"
+    assert timeline.detail_name("Torch-Compiled Region: 0/3") == "compiled layer"
+    assert timeline.detail_name("aten::mm") is None
+
+
 def test_busy_and_idle_time_go_to_the_phase_that_launched_each_kernel():
     events = [
         phase(0, 100, "compute_logp (other)"), phase(10, 40, "pack micro-batches"), phase(50, 90, "model forward"),
-        phase(200, 300, "backward"), phase(500, 600, "not a phase of the step"),
+        phase(200, 300, "backward"), phase(235, 245, "FSDP::pre_backward (model.layers.0)"),
+        phase(500, 600, "not a phase of the step"),
         *kernel(20, 30, launched=15, correlation=1),  # idle 0-20 while packing
         *kernel(60, 110, launched=55, correlation=2),  # idle 30-60 in the forward
         *kernel(100, 140, launched=95, correlation=3),  # overlaps the previous kernel: 30 of its 40 count
@@ -51,7 +66,7 @@ def test_busy_and_idle_time_go_to_the_phase_that_launched_each_kernel():
         "pack micro-batches": (10, 20, 1),
         "model forward": (50, 30, 0),
         "compute_logp (other)": (30, 0, 0),
-        "backward": (20, 110, 0),
+        "backward / FSDP::pre_backward": (20, 110, 0),  # launched at 240, inside FSDP's hook
         timeline.OTHER: (0, 30, 0),  # 270-300: nothing ran
     }
     total = sum(busy + idle for busy, idle, _ in ms.values())

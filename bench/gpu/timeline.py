@@ -9,6 +9,11 @@ CPU launched that kernel. A gap charged to a phase is time the GPU waited for th
 work (Python, small launches, host syncs). Host syncs (cudaStreamSynchronize and the like) are
 counted per phase too.
 
+Inside a phase, the ranges that FSDP2 and torch.compile open themselves (FSDP's per-layer
+hooks: "FSDP::pre_forward", "FSDP::post_backward_reduce", ...; a compiled layer's "Torch-Compiled
+Region") split it further, as "model forward / FSDP::pre_forward": the time left in "model
+forward" itself is then the model's code outside those ranges.
+
 Bench-only instrumentation: nothing here changes what AReaL computes.
 """
 
@@ -42,6 +47,16 @@ PHASES = [  # (module, attribute path, phase name) of the AReaL functions that m
     ("areal.utils.stats_tracker", "denominator", "statistics"),
     ("torch", "Tensor.backward", "backward"),
 ]
+
+
+def detail_name(name: str) -> str | None:
+    """The sub-phase of a range FSDP2 or torch.compile opened, without the layer or graph it
+    names ("FSDP::pre_forward (model.layers.3)" -> "FSDP::pre_forward"); None for others."""
+    if name.startswith("FSDP::"):
+        return name.split(" ")[0]
+    if name.startswith("Torch-Compiled Region"):
+        return "compiled layer"
+    return None
 
 
 def areal_phases() -> list[tuple[object, str, str]]:
@@ -84,9 +99,12 @@ def annotate_areal(model) -> Iterator[None]:
             setattr(owner, attr, fn)
 
 
-def phase_segments(ranges: list[tuple[float, float, str]]) -> tuple[list[float], list[str]]:
+def phase_segments(
+    ranges: list[tuple[float, float, str]], details: frozenset[str] = frozenset()
+) -> tuple[list[float], list[str]]:
     """Flatten properly nested [start, end) ranges into segments labelled with the innermost one.
 
+    A range named in `details` is labelled with the phase around it: "phase / detail".
     Returns segment starts and labels: time t lies in segment bisect_right(starts, t) - 1.
     """
     starts: list[float] = []
@@ -104,6 +122,8 @@ def phase_segments(ranges: list[tuple[float, float, str]]) -> tuple[list[float],
         while stack and stack[-1][0] <= start:
             closed_at = stack.pop()[0]
             begin(closed_at, stack[-1][1] if stack else OTHER)
+        if name in details:
+            name = f"{stack[-1][1].split(' / ')[0] if stack else OTHER} / {name}"
         stack.append((end, name))
         begin(start, name)
     while stack:
@@ -122,12 +142,13 @@ def time_by_phase(events: list[dict], window: tuple[float, float]) -> dict[str, 
     """
     lo, hi = window
     names = {name for _, _, name in PHASES} | {"model forward"}
-    ranges = [
-        (e["ts"], e["ts"] + e["dur"], e["name"])
-        for e in events
-        if e.get("cat") == "user_annotation" and e.get("name") in names and lo <= e["ts"] < hi
-    ]
-    starts, labels = phase_segments(ranges)
+    ranges = []
+    for e in events:
+        if e.get("cat") == "user_annotation" and lo <= e["ts"] < hi:
+            name = e["name"] if e["name"] in names else detail_name(e["name"])
+            if name is not None:
+                ranges.append((e["ts"], e["ts"] + e["dur"], name))
+    starts, labels = phase_segments(ranges, frozenset(name for _, _, name in ranges) - names)
 
     def phase_at(t: float) -> str:
         i = bisect.bisect_right(starts, t) - 1
