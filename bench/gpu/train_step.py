@@ -1,7 +1,7 @@
 """GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor as train.py runs it, and TRL.
 
     python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b] [--seqs 64] [--steps 2] [--json PATH]
-                                    [--no-trl] [--profile DIR] [--device cpu]
+                                    [--no-trl] [--shipped-only] [--profile DIR] [--device cpu]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
 saved once per shape and loaded by both frameworks. The batch is the shipped config's kind:
@@ -415,7 +415,8 @@ def profile_step(step, model, out: Path) -> None:
     out.write_text(f"wall {wall:.3f} s (profiled)\n\n{phases}\n\n{ops}\n")
 
 
-def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_dir: Path | None) -> None:
+def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_dir: Path | None,
+               shipped_only: bool) -> None:
     """Runs inside its own process (the actor owns torch.distributed there); emits one row per setting."""
     sys.path.insert(0, str(ROOT))
     actor = build_actor(shape, n_seqs)
@@ -423,7 +424,7 @@ def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_
     batch = areal_batch(samples)
     n_params = count_params(shape)
     shipped = shipped_setting()
-    for setting in areal_settings(shipped):
+    for setting in areal_settings(shipped)[: 1 if shipped_only else None]:
         row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    **dataclasses.asdict(setting))  # fmt: skip
         try:
@@ -532,7 +533,7 @@ def trl_trainer(model_path: Path, samples: list[Sample], setting: Setting, n_bat
     return trainer
 
 
-def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int) -> None:
+def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, shipped_only: bool) -> None:
     """Runs inside its own process, one trainer after another; emits one row per setting."""
     import trl
 
@@ -540,7 +541,7 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int) -> None:
     samples = make_samples(n_seqs, SHAPES[shape][5])
     n_params = count_params(shape)
     padded = n_seqs * (PROMPT_LEN + max(len(s.completion) for s in samples))
-    for setting in trl_settings(shipped_setting()):
+    for setting in trl_settings(shipped_setting())[: 1 if shipped_only else None]:
         row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
                    n_minibatches=setting.n_minibatches, attention="sdpa, right-padded rows", compiled=False,
@@ -577,6 +578,8 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> l
            "--peak", str(peak), "--device", DEVICE]  # fmt: skip
     if args.profile:
         cmd += ["--profile", str(args.profile)]
+    if args.shipped_only:
+        cmd += ["--shipped-only"]
     progress(f"{kind} {shape}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows, tail = [], deque(maxlen=30)
@@ -668,6 +671,8 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=64, help="sequences per batch (a multiple of 8)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per row, after the warm-up steps")
     parser.add_argument("--no-trl", action="store_true", help="AReaL rows only")
+    parser.add_argument("--shipped-only", action="store_true",
+                        help="one row per framework: AReaL's shipped config, TRL's defaults")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write all rows here")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile one more step of AReaL's shipped config: DIR/profile_SHAPE.txt")  # fmt: skip
@@ -680,9 +685,9 @@ def main() -> None:
     if args.child:
         kind, shape = args.child
         if kind == "areal":
-            areal_rows(shape, args.seqs, args.peak, args.steps, args.profile)
+            areal_rows(shape, args.seqs, args.peak, args.steps, args.profile, args.shipped_only)
         else:
-            trl_rows(shape, args.seqs, args.peak, args.steps)
+            trl_rows(shape, args.seqs, args.peak, args.steps, args.shipped_only)
         return
 
     import torch
