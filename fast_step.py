@@ -161,6 +161,100 @@ def compute_advantages(self, data: dict) -> dict:
     return data
 
 
+def scored_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """The positions of a packed micro-batch whose logits anything reads: those next to a
+    loss-masked token, on either side.
+
+    Position t scores token t + 1. When compute_logp runs, `loss_mask` marks the completion
+    tokens, so the logits needed are one position earlier; by ppo_update, AReaL has rolled
+    the mask onto those positions. Keeping both readings serves either phase, for one extra
+    position per sequence.
+    """
+    mask = loss_mask.reshape(-1).bool()
+    return torch.nonzero(mask | mask.roll(-1)).squeeze(1)
+
+
+def spread(values: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+    """`values` at `positions` of a zero tensor of `length` (differentiable in `values`)."""
+    return values.new_zeros(length).scatter(0, positions, values)
+
+
+def scored_labels(inputs: dict, positions: torch.Tensor) -> torch.Tensor:
+    """The token each scored position predicts, as AReaL's rolled `input_ids`."""
+    return torch.roll(inputs["input_ids"], shifts=-1, dims=-1).reshape(-1)[positions]
+
+
+def prepare_mb_inputs(self, mb_item):
+    """`FSDPEngine._prepare_mb_inputs`, asking the model for the logits of the scored
+    positions only (transformers' `logits_to_keep`).
+
+    AReaL's engine computes logits, log-probs and entropy at every position of a micro-batch,
+    prompts included, though only completion positions are scored: with ~150-token prompts
+    and ~500-token completions, a fifth of the LM head's matmuls, float32 softmax passes and
+    logit memory go to positions nobody reads. Only for the plain case: a language model
+    without tree training, sequence or tensor parallelism.
+    """
+    inputs, ctx = self._areal_prepare_mb_inputs(mb_item)
+    plain = not (
+        self.config.is_critic
+        or self.enable_tree_training
+        or self.parallel_helper.sp_size > 1
+        or self.parallel_helper.tp_size > 1
+    )
+    if plain and "loss_mask" in inputs:
+        inputs["logits_to_keep"] = scored_positions(inputs["loss_mask"])
+    return inputs, ctx
+
+
+def compute_logprobs_and_loss(
+    self, logits, ctx, loss_fn, loss_weight_fn, total_loss_weight, loss_multiplier=1.0
+) -> torch.Tensor:
+    """`FSDPEngine._compute_logprobs_and_loss` for logits of the scored positions only.
+
+    Log-probs and entropy are spread back over the micro-batch (zeros where nothing is
+    scored), so the loss function sees AReaL's tensors at every loss-masked position. The
+    logged `vocab_min_logits`/`vocab_max_logits` now average over the loss-masked positions
+    (AReaL's over all tokens, which needs every position's logits).
+    """
+    from areal.utils import stats_tracker
+    from areal.utils.functional import gather_logprobs_entropy
+
+    positions = ctx.model_inputs.get("logits_to_keep")
+    if positions is None:
+        return self._areal_compute_logprobs_and_loss(
+            logits, ctx, loss_fn, loss_weight_fn, total_loss_weight, loss_multiplier
+        )
+    local_weight = loss_weight_fn(ctx.mb_input)
+    if local_weight == 0:
+        return logits.mean() * 0.0
+    length = ctx.model_inputs["input_ids"].shape[-1] - ctx.pad_length
+    logprobs, entropy = gather_logprobs_entropy(
+        logits, scored_labels(ctx.model_inputs, positions), temperature=self.config.temperature
+    )
+    loss = loss_fn(spread(logprobs, positions, length), spread(entropy, positions, length), ctx.mb_input)
+    stats_tracker.stat(
+        vocab_min_logits=spread(logits.detach().min(-1).values.float(), positions, length),
+        vocab_max_logits=spread(logits.detach().max(-1).values.float(), positions, length),
+        denominator="n_valid_tokens",
+    )
+    return loss * (local_weight / total_loss_weight * loss_multiplier)
+
+
+def compute_forward_result(self, logits, ctx) -> torch.Tensor:
+    """`FSDPEngine._compute_forward_result` (compute_logp's log-probs) for logits of the
+    scored positions only, spread back over the micro-batch (zeros where nothing is scored)."""
+    from areal.utils.functional import gather_logprobs
+
+    positions = ctx.model_inputs.get("logits_to_keep")
+    if positions is None:
+        return self._areal_compute_forward_result(logits, ctx)
+    length = ctx.model_inputs["input_ids"].shape[-1] - ctx.pad_length
+    logprobs = gather_logprobs(
+        logits, scored_labels(ctx.model_inputs, positions), temperature=self.config.temperature
+    )
+    return spread(logprobs, positions, length)
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> None:
     """Each decoder layer's forward compiled by torch.compile, for any sequence length."""
     for layer in model.get_decoder().layers:
@@ -180,6 +274,14 @@ def install() -> None:
     if not hasattr(PPOActor, "_areal_compute_advantages"):
         PPOActor._areal_compute_advantages = PPOActor._compute_advantages
         PPOActor._compute_advantages = compute_advantages
+    engine = fsdp_engine.FSDPEngine
+    if not hasattr(engine, "_areal_prepare_mb_inputs"):
+        engine._areal_prepare_mb_inputs = engine._prepare_mb_inputs
+        engine._areal_compute_logprobs_and_loss = engine._compute_logprobs_and_loss
+        engine._areal_compute_forward_result = engine._compute_forward_result
+        engine._prepare_mb_inputs = prepare_mb_inputs
+        engine._compute_logprobs_and_loss = compute_logprobs_and_loss
+        engine._compute_forward_result = compute_forward_result
     if grad.l2_norm_impl is multi_tensor_apply.local_multi_tensor_l2_norm:
         grad.l2_norm_impl = multi_tensor_l2norm
         grad.multi_tensor_scale_impl = multi_tensor_scale

@@ -185,3 +185,84 @@ def test_vectorised_advantages_give_areals_batch(fields, exact):
                 assert torch.equal(got[key], value), key
             else:
                 torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+SCORED_LOGITS_SCRIPT = r"""
+import json, sys
+root, model_path = sys.argv[1], sys.argv[2]
+import torch
+from areal.api import FinetuneSpec
+from areal.api.alloc_mode import ModelAllocation
+from areal.api.cli_args import load_expr_config
+from areal.engine import FSDPPPOActor
+from areal.engine.fsdp_engine import FSDPEngine
+from areal.utils import stats_tracker
+import train  # installs packed_sdpa and fast_step
+
+# lr 0: the weights stay put, so both runs start from the same ones; 2 minibatches and
+# 96-token micro-batches: several micro-batches per pass, each padded.
+config, _ = load_expr_config([
+    "--config", f"{root}/train_config.yaml", f"actor.path={model_path}", "actor.dtype=float32",
+    "actor.backend=fsdp:d1", "actor.gradient_checkpointing=false", "actor.optimizer.lr=0",
+    "actor.optimizer.warmup_steps_proportion=0", "actor.ppo_n_minibatches=2",
+    "actor.mb_spec.max_tokens_per_mb=96", "gconfig.n_samples=3",
+], train.CountDownConfig)
+actor = FSDPPPOActor(config.actor)
+actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
+actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=100, train_batch_size=1))
+
+class Response:  # the fields of AReaL's ModelResponse that train.trajectory reads
+    def __init__(self, gen, n_prompt, n_out):
+        self.input_tokens = torch.randint(5, 800, (n_prompt,), generator=gen).tolist()
+        self.output_tokens = torch.randint(5, 800, (n_out,), generator=gen).tolist()
+        self.input_len, self.output_len = n_prompt, n_out
+        self.output_logprobs = (-torch.rand(n_out, generator=gen)).tolist()
+        self.output_versions = [0] * n_out
+
+def batch():
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(9, 20), (9, 4), (9, 31), (14, 12), (14, 25), (14, 1)]
+    return [train.trajectory(Response(gen, p, n), float(i % 2)) for i, (p, n) in enumerate(shapes)]
+
+def run():
+    items = batch()
+    logps = actor.compute_logp(items)
+    for item, logp in zip(items, logps):
+        item["prox_logp"] = logp
+    actor.ppo_update(actor.compute_advantages(items))
+    grads = [p.grad.to_local().clone() for p in actor.model.parameters()]
+    return logps, grads, stats_tracker.export()
+
+scored, areal = run(), None
+FSDPEngine._prepare_mb_inputs = FSDPEngine._areal_prepare_mb_inputs  # no logits_to_keep: AReaL's path
+areal = run()
+actor.destroy()
+
+needed = [(logp.reshape(-1), int(item["loss_mask"].sum())) for logp, item in zip(areal[0], batch())]
+logp_diff = max((a[-n - 1:-1] - s.reshape(-1)[-n - 1:-1]).abs().max().item()
+                for (a, n), s in zip(needed, scored[0]))
+prompts = [(a[:-n - 1].abs().max().item(), s.reshape(-1)[:-n - 1].abs().max().item())
+           for (a, n), s in zip(needed, scored[0])]
+grad_diff = max((a - s).abs().max().item() for a, s in zip(areal[1], scored[1]))
+grad_size = max(a.abs().max().item() for a in areal[1])
+keys = sorted(set(areal[2]) | set(scored[2]))
+stat_diff = {k: abs(areal[2][k] - scored[2][k]) for k in keys if k in areal[2] and k in scored[2]}
+print("RESULT", json.dumps(dict(logp_diff=logp_diff, prompts=prompts, grad_diff=grad_diff,
+      grad_size=grad_size, stat_diff=stat_diff, only_one=[k for k in keys if k not in stat_diff])))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_logits_of_scored_positions_give_areals_logprobs_gradients_and_statistics(tiny_model_dir, single_rank):
+    """compute_logp and ppo_update with the LM head on scored positions only, then AReaL's
+    path (logits everywhere) in the same process on the same weights: the log-probs that
+    anything reads, every gradient and every logged statistic agree; only the vocabulary
+    min/max statistics change (they now average over loss-masked positions)."""
+    result = single_rank(SCORED_LOGITS_SCRIPT, tiny_model_dir)
+    assert result["logp_diff"] < 1e-5
+    assert result["grad_size"] > 1e-4 and result["grad_diff"] < 1e-6 * result["grad_size"] + 1e-9
+    # the fast path was taken: it left the prompt positions at zero, AReaL's has log-probs there
+    assert all(areal > 0 and scored == 0 for areal, scored in result["prompts"])
+    changed = {k for k, v in result["stat_diff"].items() if v > 1e-5 * max(1.0, abs(v))}
+    assert changed <= {k for k in result["stat_diff"] if "vocab_m" in k}, changed
+    assert any("entropy" in k for k in result["stat_diff"]) and not result["only_one"]
