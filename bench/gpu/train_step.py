@@ -1,7 +1,7 @@
 """GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor as train.py runs it, and TRL.
 
-    python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b] [--seqs 64] [--steps 2] [--json PATH]
-                                    [--no-trl] [--shipped-only] [--profile DIR] [--device cpu]
+    python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
+                                    [--no-trl] [--rows N] [--profile DIR] [--device cpu]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
 saved once per shape and loaded by both frameworks. The batch is the shipped config's kind:
@@ -11,10 +11,12 @@ what happens between rollouts and the next rollout: log-probs of the current pol
 the policy update (with its optimizer steps).
 
 AReaL (one process per shape): FSDPPPOActor built from train_config.yaml with train.py's
-process set-up (packed_sdpa.py; fast_step.py: compiled decoder layers, and exact
-replacements for AReaL's log-prob slicing, packing and gradient clipping), bf16 compute on
+process set-up (packed_sdpa.py; fast_step.py: compiled decoder layers, logits of scored
+positions only, and exact replacements for AReaL's log-prob slicing, packing, gradient
+clipping and advantages), bf16 compute on
 fp32 master weights, GRPO loss with the decoupled PPO objective, timing
-compute_logp + compute_advantages + ppo_update. Rows: the shipped config; gradient
+compute_logp + compute_advantages + ppo_update. Rows: the shipped config; the same with
+AReaL's logits at every position (fast_step computes them where they are scored); gradient
 checkpointing off (at the shipped and at half the micro-batch token budget); one PPO
 minibatch instead of four; then, with the decoder layers no longer compiled, the three ways
 to attend within packed micro-batches: packed_sdpa's varlen kernel (shipped), one sdpa call
@@ -85,6 +87,7 @@ SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, voc
     "small": (512, 8, 8, 2, 2048, 899),
     "0.5b": (896, 24, 14, 2, 4864, 151936),
     "1.5b": (1536, 28, 12, 2, 8960, 151936),
+    "3b": (2048, 36, 16, 2, 11008, 151936),  # train_config.yaml's model; its memory, on a GPU that holds it
 }
 GROUP = 8  # samples per prompt (gconfig.n_samples)
 PROMPT_LEN = 150
@@ -103,6 +106,7 @@ class Setting:
     n_minibatches: int
     attention: str = VARLEN
     compiled: bool = True  # fast_step's compiled decoder layers (AReaL rows)
+    scored_logits: bool = True  # fast_step's LM head on scored positions only (AReaL rows)
     liger: bool = False  # TRL's use_liger_kernel (TRL rows)
 
 
@@ -127,6 +131,7 @@ def areal_settings(shipped: Setting) -> list[Setting]:
         shipped,
         change(shipped, gradient_checkpointing=not shipped.gradient_checkpointing),
         change(shipped, gradient_checkpointing=False, max_tokens_per_mb=shipped.max_tokens_per_mb // 2),
+        change(shipped, scored_logits=False),
         change(shipped, n_minibatches=1),
         *[change(shipped, compiled=False, attention=a) for a in (VARLEN, PER_SEQUENCE, PADDED)],
     ]
@@ -355,6 +360,13 @@ def use_attention(attention: str) -> None:
 def configure(actor, setting: Setting) -> None:
     """Apply a row's knobs to the live actor: AReaL reads them at every call. Uncompiling
     removes fast_step's compiled forwards (the layers' own forward shows again)."""
+    from areal.engine.fsdp_engine import FSDPEngine
+
+    import fast_step
+
+    FSDPEngine._prepare_mb_inputs = (
+        fast_step.prepare_mb_inputs if setting.scored_logits else FSDPEngine._areal_prepare_mb_inputs
+    )
     actor.config.mb_spec = dataclasses.replace(actor.config.mb_spec, max_tokens_per_mb=setting.max_tokens_per_mb)
     actor.config.ppo_n_minibatches = setting.n_minibatches
     if setting.gradient_checkpointing:
@@ -416,7 +428,7 @@ def profile_step(step, model, out: Path) -> None:
 
 
 def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_dir: Path | None,
-               shipped_only: bool) -> None:
+               n_rows: int | None) -> None:
     """Runs inside its own process (the actor owns torch.distributed there); emits one row per setting."""
     sys.path.insert(0, str(ROOT))
     actor = build_actor(shape, n_seqs)
@@ -424,7 +436,7 @@ def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_
     batch = areal_batch(samples)
     n_params = count_params(shape)
     shipped = shipped_setting()
-    for setting in areal_settings(shipped)[: 1 if shipped_only else None]:
+    for setting in areal_settings(shipped)[:n_rows]:
         row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    **dataclasses.asdict(setting))  # fmt: skip
         try:
@@ -533,7 +545,7 @@ def trl_trainer(model_path: Path, samples: list[Sample], setting: Setting, n_bat
     return trainer
 
 
-def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, shipped_only: bool) -> None:
+def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, n_rows: int | None) -> None:
     """Runs inside its own process, one trainer after another; emits one row per setting."""
     import trl
 
@@ -541,7 +553,7 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, shipped_on
     samples = make_samples(n_seqs, SHAPES[shape][5])
     n_params = count_params(shape)
     padded = n_seqs * (PROMPT_LEN + max(len(s.completion) for s in samples))
-    for setting in trl_settings(shipped_setting())[: 1 if shipped_only else None]:
+    for setting in trl_settings(shipped_setting())[:n_rows]:
         row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
                    n_minibatches=setting.n_minibatches, attention="sdpa, right-padded rows", compiled=False,
@@ -578,8 +590,8 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> l
            "--peak", str(peak), "--device", DEVICE]  # fmt: skip
     if args.profile:
         cmd += ["--profile", str(args.profile)]
-    if args.shipped_only:
-        cmd += ["--shipped-only"]
+    if args.rows:
+        cmd += ["--rows", str(args.rows)]
     progress(f"{kind} {shape}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows, tail = [], deque(maxlen=30)
@@ -598,10 +610,16 @@ def progress(message: str) -> None:
     print(f"[{time.perf_counter() - START:4.0f} s] {message}", flush=True)
 
 
+def extras(row: dict) -> list[str]:
+    """The row's speed options beyond the common knobs (TRL rows have no scored_logits)."""
+    options = (("compiled", row["compiled"]), ("Liger", row["liger"]),
+               ("logits at every position", not row.get("scored_logits", True)))  # fmt: skip
+    return [name for name, on in options if on]
+
+
 def knobs(row: dict) -> str:
-    extras = [x for x, on in (("compiled", row["compiled"]), ("Liger", row["liger"])) if on]
     return (f"ckpt={'on' if row['gradient_checkpointing'] else 'off'} mb_tokens={row['max_tokens_per_mb']} "
-            f"minibatches={row['n_minibatches']} {row['attention']}" + "".join(f", {x}" for x in extras))  # fmt: skip
+            f"minibatches={row['n_minibatches']} {row['attention']}" + "".join(f", {x}" for x in extras(row)))  # fmt: skip
 
 
 def summary(row: dict) -> str:
@@ -618,7 +636,8 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
         match = [
             r for r in rows
             if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"]
-            and r["compiled"] and r["attention"] == VARLEN and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
+            and r["compiled"] and r["scored_logits"] and r["attention"] == VARLEN
+            and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
             and (r["gradient_checkpointing"], r["n_minibatches"])
             == (trl_row["gradient_checkpointing"], trl_row["n_minibatches"])
         ]  # fmt: skip
@@ -636,12 +655,12 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
 
 
 def print_tables(rows: list[dict], ratio_rows: list[dict]) -> None:
-    print("\n| framework | shape | grad ckpt | tokens/mb | minibatches | attention | compiled / Liger | tokens | "
+    print("\n| framework | shape | grad ckpt | tokens/mb | minibatches | attention | options | tokens | "
           "step (s) | log-probs (s) | tokens/s | MFU | MFU (6N) | peak mem (GiB) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ckpt = "on" if r["gradient_checkpointing"] else "off"
-        extra = "compiled" if r["compiled"] else "Liger" if r["liger"] else "-"
+        extra = ", ".join(extras(r)) or "-"
         head = (f"| {r['framework']} | {r['shape']} | {ckpt} | {r['max_tokens_per_mb'] or '-'} | {r['n_minibatches']} "
                 f"| {r['attention']} | {extra} |")  # fmt: skip
         if "error" in r:
@@ -671,8 +690,8 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=64, help="sequences per batch (a multiple of 8)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per row, after the warm-up steps")
     parser.add_argument("--no-trl", action="store_true", help="AReaL rows only")
-    parser.add_argument("--shipped-only", action="store_true",
-                        help="one row per framework: AReaL's shipped config, TRL's defaults")  # fmt: skip
+    parser.add_argument("--rows", type=int, metavar="N",
+                        help="the first N rows per framework (1: AReaL's shipped config, TRL's defaults)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write all rows here")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile one more step of AReaL's shipped config: DIR/profile_SHAPE.txt")  # fmt: skip
@@ -685,9 +704,9 @@ def main() -> None:
     if args.child:
         kind, shape = args.child
         if kind == "areal":
-            areal_rows(shape, args.seqs, args.peak, args.steps, args.profile, args.shipped_only)
+            areal_rows(shape, args.seqs, args.peak, args.steps, args.profile, args.rows)
         else:
-            trl_rows(shape, args.seqs, args.peak, args.steps, args.shipped_only)
+            trl_rows(shape, args.seqs, args.peak, args.steps, args.rows)
         return
 
     import torch
