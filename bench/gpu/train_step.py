@@ -629,27 +629,37 @@ def summary(row: dict) -> str:
 
 
 def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
-    """AReaL tokens/s over TRL tokens/s, for the same checkpointing and minibatch count; AReaL
-    as shipped otherwise (compiled, varlen attention, the shipped micro-batch token budget)."""
-    out = []
-    for trl_row in (r for r in rows if r["framework"].startswith("TRL") and "error" not in r):
-        match = [
+    """AReaL tokens/s over TRL tokens/s. Each TRL row against AReaL with the same checkpointing
+    and minibatch count, as shipped otherwise (compiled, scored logits, varlen attention, the
+    shipped micro-batch token budget); TRL's defaults also against AReaL's shipped config."""
+
+    def areal(gradient_checkpointing: bool, n_minibatches: int) -> dict | None:
+        return next((
             r for r in rows
             if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"]
             and r["compiled"] and r["scored_logits"] and r["attention"] == VARLEN
             and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
-            and (r["gradient_checkpointing"], r["n_minibatches"])
-            == (trl_row["gradient_checkpointing"], trl_row["n_minibatches"])
-        ]  # fmt: skip
-        if match:
-            areal = match[0]
+            and (r["gradient_checkpointing"], r["n_minibatches"]) == (gradient_checkpointing, n_minibatches)
+        ), None)  # fmt: skip
+
+    out = []
+    for trl_row in (r for r in rows if r["framework"].startswith("TRL") and "error" not in r):
+        pairs = [("same checkpointing", areal(trl_row["gradient_checkpointing"], trl_row["n_minibatches"]))]
+        defaults = trl_row["gradient_checkpointing"] and not trl_row["liger"]
+        if defaults and trl_row["n_minibatches"] == shipped.n_minibatches and not shipped.gradient_checkpointing:
+            pairs.insert(0, ("shipped", areal(shipped.gradient_checkpointing, shipped.n_minibatches)))
+        for label, areal_row in pairs:
+            if areal_row is None:
+                continue
             out.append(dict(
-                shape=trl_row["shape"], gradient_checkpointing=trl_row["gradient_checkpointing"],
+                shape=trl_row["shape"], areal=label, areal_gradient_checkpointing=areal_row["gradient_checkpointing"],
+                gradient_checkpointing=trl_row["gradient_checkpointing"],
                 n_minibatches=trl_row["n_minibatches"], trl_liger=trl_row["liger"],
-                areal_tokens_per_s=areal["tokens_per_s"], trl_tokens_per_s=trl_row["tokens_per_s"],
-                trl_old_logps=trl_row["old_logps"], ratio=round(areal["tokens_per_s"] / trl_row["tokens_per_s"], 2),
+                areal_tokens_per_s=areal_row["tokens_per_s"], trl_tokens_per_s=trl_row["tokens_per_s"],
+                trl_old_logps=trl_row["old_logps"],
+                ratio=round(areal_row["tokens_per_s"] / trl_row["tokens_per_s"], 2),
                 update_only_ratio=None if trl_row["old_logps"]
-                else round(areal["update_tokens_per_s"] / trl_row["tokens_per_s"], 2),
+                else round(areal_row["update_tokens_per_s"] / trl_row["tokens_per_s"], 2),
             ))  # fmt: skip
     return out
 
@@ -673,15 +683,16 @@ def print_tables(rows: list[dict], ratio_rows: list[dict]) -> None:
     diffs = {r["shape"]: r["logp_max_diff"] for r in rows if "logp_max_diff" in r}
     print("\nmax |log-prob| difference, varlen kernel vs sdpa per sequence: "
           + ", ".join(f"{shape} {d:.2e}" for shape, d in diffs.items()))  # fmt: skip
-    print("\n| shape | grad ckpt | minibatches | TRL | AReaL tokens/s | TRL tokens/s | AReaL / TRL "
-          "| TRL computes old log-probs | AReaL update alone / TRL |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| shape | AReaL | AReaL grad ckpt | TRL grad ckpt | minibatches | TRL | AReaL tokens/s | TRL tokens/s "
+          "| AReaL / TRL | TRL computes old log-probs | AReaL update alone / TRL |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    on_off = {True: "on", False: "off"}
     for r in ratio_rows:
-        print(f"| {r['shape']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['n_minibatches']} | "
+        print(f"| {r['shape']} | {r['areal']} | {on_off[r['areal_gradient_checkpointing']]} "
+              f"| {on_off[r['gradient_checkpointing']]} | {r['n_minibatches']} | "
               f"{'with Liger' if r['trl_liger'] else 'default'} | {r['areal_tokens_per_s']} | {r['trl_tokens_per_s']} "
               f"| {r['ratio']} | {'yes' if r['trl_old_logps'] else 'no'} | {r['update_only_ratio'] or '-'} |",
               flush=True)  # fmt: skip
-
 
 def main() -> None:
     global DEVICE
