@@ -15,11 +15,12 @@ process set-up (packed_sdpa.py; fast_step.py: compiled decoder layers, logits of
 positions only, and exact replacements for AReaL's log-prob slicing, packing, gradient
 clipping and advantages), bf16 compute on
 fp32 master weights, GRPO loss with the decoupled PPO objective, timing
-compute_logp + compute_advantages + ppo_update. Rows: the shipped config; the same with
-AReaL's logits at every position (fast_step computes them where they are scored); gradient
-checkpointing off (at the shipped and at half the micro-batch token budget); one PPO
-minibatch instead of four; then, with the decoder layers no longer compiled, the three ways
-to attend within packed micro-batches: packed_sdpa's varlen kernel (shipped), one sdpa call
+compute_logp + compute_advantages + ppo_update. Rows, in this order (--rows N runs the first
+N): the shipped config; gradient checkpointing off (at the shipped and at half the
+micro-batch token budget); the shipped config with AReaL's logits at every position
+(fast_step computes them where they are scored); one PPO minibatch instead of four; then,
+with the decoder layers no longer compiled, the three ways to attend within packed
+micro-batches: packed_sdpa's varlen kernel (shipped), one sdpa call
 per sequence, and every sequence padded to the longest in one masked sdpa call (the
 "pad each sequence" fix of the sdpa packing trap). The knobs are changed on the same actor
 between rows, so one process serves a shape. The uncompiled varlen row also checks that the
@@ -557,7 +558,7 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, n_rows: in
         row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
                    n_minibatches=setting.n_minibatches, attention="sdpa, right-padded rows", compiled=False,
-                   liger=setting.liger, padded_tokens=padded)  # fmt: skip
+                   scored_logits=True, liger=setting.liger, padded_tokens=padded)  # fmt: skip
         trainer = None
         try:
             reset_memory()
@@ -611,9 +612,10 @@ def progress(message: str) -> None:
 
 
 def extras(row: dict) -> list[str]:
-    """The row's speed options beyond the common knobs (TRL rows have no scored_logits)."""
+    """The row's speed options beyond the common knobs (TRL computes logits where they are
+    scored, with its own logits_to_keep)."""
     options = (("compiled", row["compiled"]), ("Liger", row["liger"]),
-               ("logits at every position", not row.get("scored_logits", True)))  # fmt: skip
+               ("logits at every position", not row["scored_logits"]))  # fmt: skip
     return [name for name, on in options if on]
 
 
