@@ -13,13 +13,15 @@ import timeline  # noqa: E402
 import train_step  # noqa: E402
 
 
-def kernel(start: float, end: float, launched: float, correlation: int) -> list[dict]:
-    """A GPU kernel and the CPU-side launch it came from, as torch.profiler's Chrome trace has them."""
-    return [
-        dict(cat="kernel", ph="X", name="k", ts=start, dur=end - start, args=dict(correlation=correlation)),
-        dict(cat="cuda_runtime", ph="X", name="cudaLaunchKernel", ts=launched, dur=1,
-             args=dict(correlation=correlation)),
-    ]
+def kernel(start: float, end: float, launched: float | None, correlation: int, api: str = "cuda_runtime") -> list[dict]:
+    """A GPU kernel and the CPU-side launch it came from (none if `launched` is None), as
+    torch.profiler's Chrome trace has them: a cudaLaunchKernel, or Triton's cuLaunchKernel
+    (api="cuda_driver")."""
+    gpu = dict(cat="kernel", ph="X", name="k", ts=start, dur=end - start, args=dict(correlation=correlation))
+    if launched is None:
+        return [gpu]
+    name = "cuLaunchKernel" if api == "cuda_driver" else "cudaLaunchKernel"
+    return [gpu, dict(cat=api, ph="X", name=name, ts=launched, dur=1, args=dict(correlation=correlation))]
 
 
 def phase(start: float, end: float, name: str) -> dict:
@@ -58,16 +60,19 @@ def test_busy_and_idle_time_go_to_the_phase_that_launched_each_kernel():
         *kernel(60, 110, launched=55, correlation=2),  # idle 30-60 in the forward
         *kernel(100, 140, launched=95, correlation=3),  # overlaps the previous kernel: 30 of its 40 count
         *kernel(250, 270, launched=240, correlation=4),  # idle 140-250 before the backward's kernel
+        *kernel(280, 290, launched=60, correlation=5, api="cuda_driver"),  # a Triton kernel of the forward
+        *kernel(295, 300, launched=None, correlation=6),  # its launch fell outside the trace
         dict(cat="cuda_runtime", ph="X", name="cudaStreamSynchronize", ts=30, dur=5, args={}),
     ]  # fmt: skip
     table = timeline.time_by_phase(events, (0, 300))
-    ms = {name: (row["busy_ms"] * 1e3, row["idle_ms"] * 1e3, row["syncs"]) for name, row in table.items()}
+    ms = {name: (round(row["busy_ms"] * 1e3, 6), round(row["idle_ms"] * 1e3, 6), row["syncs"])
+          for name, row in table.items()}  # fmt: skip
     assert ms == {
         "pack micro-batches": (10, 20, 1),
-        "model forward": (50, 30, 0),
+        "model forward": (60, 40, 0),  # 270-280 idle, then the Triton kernel launched at 60
         "compute_logp (other)": (30, 0, 0),
         "backward / FSDP::pre_backward": (20, 110, 0),  # launched at 240, inside FSDP's hook
-        timeline.OTHER: (0, 30, 0),  # 270-300: nothing ran
+        timeline.UNLAUNCHED: (5, 5, 0),
     }
     total = sum(busy + idle for busy, idle, _ in ms.values())
     assert total == 300  # every microsecond of the step is charged once

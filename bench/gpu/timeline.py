@@ -28,8 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # Triton's kernels launch through the driver API
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 OTHER = "(outside any phase)"
+UNLAUNCHED = "(launch not in the trace)"
 
 
 PHASES = [  # (module, attribute path, phase name) of the AReaL functions that make up a GRPO step
@@ -138,7 +140,8 @@ def time_by_phase(events: list[dict], window: tuple[float, float]) -> dict[str, 
     `events`: a Chrome trace's traceEvents (torch.profiler); `window`: the step's [start, end)
     in the trace's microseconds. Busy time counts each kernel once, clipped to the window;
     idle time is each gap between kernels (and before the first), charged to the phase that
-    launched the kernel ending it.
+    launched the kernel ending it. A kernel whose launch the trace lacks is charged to
+    UNLAUNCHED rather than guessed.
     """
     lo, hi = window
     names = {name for _, _, name in PHASES} | {"model forward"}
@@ -157,17 +160,20 @@ def time_by_phase(events: list[dict], window: tuple[float, float]) -> dict[str, 
     launched = {
         e["args"]["correlation"]: e["ts"]
         for e in events
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})
     }
     kernels = sorted(
-        (e["ts"], e["ts"] + e["dur"], launched.get(e.get("args", {}).get("correlation"), e["ts"]))
-        for e in events
-        if e.get("cat") in GPU_CATEGORIES and e.get("ph") == "X" and lo <= e["ts"] < hi
+        (
+            (e["ts"], e["ts"] + e["dur"], launched.get(e.get("args", {}).get("correlation")))
+            for e in events
+            if e.get("cat") in GPU_CATEGORIES and e.get("ph") == "X" and lo <= e["ts"] < hi
+        ),
+        key=lambda kernel: kernel[:2],
     )
     table: dict[str, dict[str, float]] = defaultdict(lambda: dict(busy_ms=0.0, idle_ms=0.0, syncs=0, sync_wait_ms=0.0))
     covered = lo  # the GPU is busy (with some kernel) up to here
     for start, end, launch in kernels:
-        row = table[phase_at(launch)]
+        row = table[UNLAUNCHED if launch is None else phase_at(launch)]
         if start > covered:
             row["idle_ms"] += (start - covered) / 1e3
         row["busy_ms"] += max(0.0, min(end, hi) - max(start, covered)) / 1e3
