@@ -266,3 +266,118 @@ def test_logits_of_scored_positions_give_areals_logprobs_gradients_and_statistic
     changed = {k for k, v in result["stat_diff"].items() if v > 1e-5 * max(1.0, abs(v))}
     assert changed <= {k for k in result["stat_diff"] if "vocab_m" in k}, changed
     assert any("entropy" in k for k in result["stat_diff"]) and not result["only_one"]
+
+
+GATHER_ONCE_SCRIPT = r"""
+import copy, json, sys
+root, model_path = sys.argv[1], sys.argv[2]
+import torch
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+from areal.api import FinetuneSpec
+from areal.api.alloc_mode import ModelAllocation
+from areal.api.cli_args import load_expr_config
+from areal.engine import FSDPPPOActor
+from areal.engine.fsdp_engine import FSDPEngine
+import train  # installs packed_sdpa and fast_step
+
+# The shipped bf16 parameters on fp32 master weights and gradient checkpointing; a learning
+# rate large enough to move every log-prob; 2 minibatches (2 optimizer steps) of several
+# 48-token micro-batches each.
+config, _ = load_expr_config([
+    "--config", f"{root}/train_config.yaml", f"actor.path={model_path}", "actor.backend=fsdp:d1",
+    "actor.optimizer.lr=1e-2", "actor.optimizer.warmup_steps_proportion=0",
+    "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48", "gconfig.n_samples=3",
+], train.CountDownConfig)
+actor = FSDPPPOActor(config.actor)
+actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
+actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=100, train_batch_size=1))
+groups = [m._get_fsdp_state()._fsdp_param_group for m in actor.model.modules() if hasattr(m, "_get_fsdp_state")]
+groups = [g for g in groups if g is not None]
+
+counts = dict(gathers=0, micro_batches=0)
+wait_for_unshard, prepare = FSDPParamGroup.wait_for_unshard, FSDPEngine._prepare_mb_inputs
+def counted_wait(self):  # the gathered parameters are built here, when an unshard is pending
+    counts["gathers"] += self._all_gather_result is not None
+    return wait_for_unshard(self)
+def counted_prepare(self, mb_item):
+    counts["micro_batches"] += 1
+    return prepare(self, mb_item)
+FSDPParamGroup.wait_for_unshard, FSDPEngine._prepare_mb_inputs = counted_wait, counted_prepare
+
+class Response:  # the fields of AReaL's ModelResponse that train.trajectory reads
+    def __init__(self, gen, n_prompt, n_out):
+        self.input_tokens = torch.randint(5, 800, (n_prompt,), generator=gen).tolist()
+        self.output_tokens = torch.randint(5, 800, (n_out,), generator=gen).tolist()
+        self.input_len, self.output_len = n_prompt, n_out
+        self.output_logprobs = (-torch.rand(n_out, generator=gen)).tolist()
+        self.output_versions = [0] * n_out
+
+def batch():
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(9, 20), (9, 4), (9, 31), (14, 12), (14, 25), (14, 1)]
+    return [train.trajectory(Response(gen, p, n), float(i % 2)) for i, (p, n) in enumerate(shapes)]
+
+def counted(fn):
+    counts.update(gathers=0, micro_batches=0)
+    out = fn()
+    return out, dict(counts, left_unsharded=sum(g.is_unsharded for g in groups))
+
+def step():
+    items = batch()
+    logp, logp_counts = counted(lambda: actor.compute_logp(items))
+    for item, lp in zip(items, logp):
+        item["prox_logp"] = lp
+    _, update_counts = counted(lambda: actor.ppo_update(actor.compute_advantages(items)))
+    return logp, logp_counts, update_counts
+
+def run():
+    first = step()
+    second = step()  # its log-probs come after two optimizer steps
+    params = [p.detach().to_local().float().clone() for p in actor.model.parameters()]
+    return first, second, params
+
+start = ([p.detach().to_local().clone() for p in actor.model.parameters()],
+         copy.deepcopy(actor.optimizer.state_dict()), copy.deepcopy(actor.lr_scheduler.state_dict()))
+gathered_once = run()
+with torch.no_grad():
+    for p, value in zip(actor.model.parameters(), start[0]):
+        p.to_local().copy_(value)
+actor.optimizer.load_state_dict(start[1])
+actor.lr_scheduler.load_state_dict(start[2])
+FSDPEngine.forward_backward_batch = FSDPEngine._areal_forward_backward_batch
+areal = run()
+actor.destroy()
+
+def max_diff(a, b):
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+
+print("RESULT", json.dumps(dict(
+    groups=len(groups),
+    counts={name: [r[0][1], r[0][2], r[1][1], r[1][2]] for name, r in (("once", gathered_once), ("areal", areal))},
+    logp_diff=max(max_diff(gathered_once[i][0], areal[i][0]) for i in (0, 1)),
+    param_diff=max_diff(gathered_once[2], areal[2]),
+    logp_moved=max_diff(areal[0][0], areal[1][0]),
+)))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_parameters_gathered_once_per_pass_give_areals_logprobs_and_weights(tiny_model_dir, single_rank):
+    """Two GRPO steps (compute_logp, then ppo_update with two optimizer steps) with each
+    layer's parameters kept from forward to backward and across compute_logp's micro-batches,
+    then AReaL's resharding from the same weights and optimizer state, in one process: the
+    same log-probs, before and after the optimizer steps, and the same weights; fewer
+    gatherings; and nothing left gathered when a call returns (a gathered copy that outlived
+    an optimizer step would give stale log-probs)."""
+    result = single_rank(GATHER_ONCE_SCRIPT, tiny_model_dir)
+    assert result["logp_moved"] > 1e-2  # the optimizer steps changed what the model computes
+    assert result["logp_diff"] == 0.0 and result["param_diff"] == 0.0
+    groups = result["groups"]
+    for logp, update in zip(result["counts"]["once"][::2], result["counts"]["once"][1::2]):
+        assert logp["micro_batches"] > 2 and update["micro_batches"] > 2
+        assert logp["gathers"] == groups  # once for all of compute_logp's micro-batches
+        assert update["gathers"] == groups * update["micro_batches"]  # forward and backward share one
+        assert logp["left_unsharded"] == update["left_unsharded"] == 0
+    for logp, update in zip(result["counts"]["areal"][::2], result["counts"]["areal"][1::2]):
+        assert logp["gathers"] == groups * logp["micro_batches"]
+        assert update["gathers"] == 2 * groups * update["micro_batches"]

@@ -12,13 +12,15 @@ the policy update (with its optimizer steps).
 
 AReaL (one process per shape): FSDPPPOActor built from train_config.yaml with train.py's
 process set-up (packed_sdpa.py; fast_step.py: compiled decoder layers, logits of scored
-positions only, and exact replacements for AReaL's log-prob slicing, packing, gradient
-clipping and advantages), bf16 compute on
-fp32 master weights, GRPO loss with the decoupled PPO objective, timing
+positions only, parameters gathered once per pass, and exact replacements for AReaL's
+log-prob slicing, packing, gradient clipping and advantages), bf16 compute on fp32 master
+weights, GRPO loss with the decoupled PPO objective, timing
 compute_logp + compute_advantages + ppo_update. Rows, in this order (--rows N runs the first
 N): the shipped config; gradient checkpointing off (at the shipped and at half the
 micro-batch token budget); the shipped config with AReaL's logits at every position
-(fast_step computes them where they are scored); one PPO minibatch instead of four; then,
+(fast_step computes them where they are scored); the shipped config with AReaL's FSDP
+resharding, which gathers each layer's parameters for every forward and again for every
+backward (fast_step gathers them once per pass); one PPO minibatch instead of four; then,
 with the decoder layers no longer compiled, the three ways to attend within packed
 micro-batches: packed_sdpa's varlen kernel (shipped), one sdpa call
 per sequence, and every sequence padded to the longest in one masked sdpa call (the
@@ -108,6 +110,7 @@ class Setting:
     attention: str = VARLEN
     compiled: bool = True  # fast_step's compiled decoder layers (AReaL rows)
     scored_logits: bool = True  # fast_step's LM head on scored positions only (AReaL rows)
+    gathered_once: bool = True  # fast_step's parameters gathered once per pass (AReaL rows)
     liger: bool = False  # TRL's use_liger_kernel (TRL rows)
 
 
@@ -133,6 +136,7 @@ def areal_settings(shipped: Setting) -> list[Setting]:
         change(shipped, gradient_checkpointing=not shipped.gradient_checkpointing),
         change(shipped, gradient_checkpointing=False, max_tokens_per_mb=shipped.max_tokens_per_mb // 2),
         change(shipped, scored_logits=False),
+        change(shipped, gathered_once=False),
         change(shipped, n_minibatches=1),
         *[change(shipped, compiled=False, attention=a) for a in (VARLEN, PER_SEQUENCE, PADDED)],
     ]
@@ -368,6 +372,9 @@ def configure(actor, setting: Setting) -> None:
     FSDPEngine._prepare_mb_inputs = (
         fast_step.prepare_mb_inputs if setting.scored_logits else FSDPEngine._areal_prepare_mb_inputs
     )
+    FSDPEngine.forward_backward_batch = (
+        fast_step.forward_backward_batch if setting.gathered_once else FSDPEngine._areal_forward_backward_batch
+    )
     actor.config.mb_spec = dataclasses.replace(actor.config.mb_spec, max_tokens_per_mb=setting.max_tokens_per_mb)
     actor.config.ppo_n_minibatches = setting.n_minibatches
     if setting.gradient_checkpointing:
@@ -558,7 +565,7 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, n_rows: in
         row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
                    n_minibatches=setting.n_minibatches, attention="sdpa, right-padded rows", compiled=False,
-                   scored_logits=True, liger=setting.liger, padded_tokens=padded)  # fmt: skip
+                   scored_logits=True, gathered_once=True, liger=setting.liger, padded_tokens=padded)  # fmt: skip
         trainer = None
         try:
             reset_memory()
@@ -615,7 +622,8 @@ def extras(row: dict) -> list[str]:
     """The row's speed options beyond the common knobs (TRL computes logits where they are
     scored, with its own logits_to_keep)."""
     options = (("compiled", row["compiled"]), ("Liger", row["liger"]),
-               ("logits at every position", not row["scored_logits"]))  # fmt: skip
+               ("logits at every position", not row["scored_logits"]),
+               ("parameters gathered for every forward and backward", not row["gathered_once"]))  # fmt: skip
     return [name for name, on in options if on]
 
 
@@ -639,7 +647,7 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
         return next((
             r for r in rows
             if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"]
-            and r["compiled"] and r["scored_logits"] and r["attention"] == VARLEN
+            and r["compiled"] and r["scored_logits"] and r["gathered_once"] and r["attention"] == VARLEN
             and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
             and (r["gradient_checkpointing"], r["n_minibatches"]) == (gradient_checkpointing, n_minibatches)
         ), None)  # fmt: skip
