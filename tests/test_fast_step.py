@@ -187,8 +187,8 @@ def test_vectorised_advantages_give_areals_batch(fields, exact):
                 torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
-SCORED_LOGITS_SCRIPT = r"""
-import json, sys
+ACTOR_SCRIPT = r"""
+import copy, json, sys
 root, model_path = sys.argv[1], sys.argv[2]
 import torch
 from areal.api import FinetuneSpec
@@ -199,17 +199,15 @@ from areal.engine.fsdp_engine import FSDPEngine
 from areal.utils import stats_tracker
 import train  # installs packed_sdpa and fast_step
 
-# lr 0: the weights stay put, so both runs start from the same ones; 2 minibatches and
-# 96-token micro-batches: several micro-batches per pass, each padded.
-config, _ = load_expr_config([
-    "--config", f"{root}/train_config.yaml", f"actor.path={model_path}", "actor.dtype=float32",
-    "actor.backend=fsdp:d1", "actor.gradient_checkpointing=false", "actor.optimizer.lr=0",
-    "actor.optimizer.warmup_steps_proportion=0", "actor.ppo_n_minibatches=2",
-    "actor.mb_spec.max_tokens_per_mb=96", "gconfig.n_samples=3",
-], train.CountDownConfig)
-actor = FSDPPPOActor(config.actor)
-actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
-actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=100, train_batch_size=1))
+def build_actor(*overrides):  # the project's FSDPPPOActor on the tiny model, one rank
+    config, _ = load_expr_config([
+        "--config", f"{root}/train_config.yaml", f"actor.path={model_path}", "actor.backend=fsdp:d1",
+        "actor.optimizer.warmup_steps_proportion=0", "gconfig.n_samples=3", *overrides,
+    ], train.CountDownConfig)
+    actor = FSDPPPOActor(config.actor)
+    actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
+    actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=100, train_batch_size=1))
+    return actor
 
 class Response:  # the fields of AReaL's ModelResponse that train.trajectory reads
     def __init__(self, gen, n_prompt, n_out):
@@ -223,6 +221,14 @@ def batch():
     gen = torch.Generator().manual_seed(0)
     shapes = [(9, 20), (9, 4), (9, 31), (14, 12), (14, 25), (14, 1)]
     return [train.trajectory(Response(gen, p, n), float(i % 2)) for i, (p, n) in enumerate(shapes)]
+"""
+
+
+SCORED_LOGITS_SCRIPT = ACTOR_SCRIPT + r"""
+# lr 0: the weights stay put, so both runs start from the same ones; 2 minibatches and
+# 96-token micro-batches: several micro-batches per pass, each padded.
+actor = build_actor("actor.dtype=float32", "actor.gradient_checkpointing=false", "actor.optimizer.lr=0",
+                    "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=96")
 
 def run():
     items = batch()
@@ -268,29 +274,13 @@ def test_logits_of_scored_positions_give_areals_logprobs_gradients_and_statistic
     assert any("entropy" in k for k in result["stat_diff"]) and not result["only_one"]
 
 
-GATHER_ONCE_SCRIPT = r"""
-import copy, json, sys
-root, model_path = sys.argv[1], sys.argv[2]
-import torch
+GATHER_ONCE_SCRIPT = ACTOR_SCRIPT + r"""
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-from areal.api import FinetuneSpec
-from areal.api.alloc_mode import ModelAllocation
-from areal.api.cli_args import load_expr_config
-from areal.engine import FSDPPPOActor
-from areal.engine.fsdp_engine import FSDPEngine
-import train  # installs packed_sdpa and fast_step
 
 # The shipped bf16 parameters on fp32 master weights and gradient checkpointing; a learning
 # rate large enough to move every log-prob; 2 minibatches (2 optimizer steps) of several
 # 48-token micro-batches each.
-config, _ = load_expr_config([
-    "--config", f"{root}/train_config.yaml", f"actor.path={model_path}", "actor.backend=fsdp:d1",
-    "actor.optimizer.lr=1e-2", "actor.optimizer.warmup_steps_proportion=0",
-    "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48", "gconfig.n_samples=3",
-], train.CountDownConfig)
-actor = FSDPPPOActor(config.actor)
-actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
-actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=100, train_batch_size=1))
+actor = build_actor("actor.optimizer.lr=1e-2", "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48")
 groups = [m._get_fsdp_state()._fsdp_param_group for m in actor.model.modules() if hasattr(m, "_get_fsdp_state")]
 groups = [g for g in groups if g is not None]
 
@@ -303,19 +293,6 @@ def counted_prepare(self, mb_item):
     counts["micro_batches"] += 1
     return prepare(self, mb_item)
 FSDPParamGroup.wait_for_unshard, FSDPEngine._prepare_mb_inputs = counted_wait, counted_prepare
-
-class Response:  # the fields of AReaL's ModelResponse that train.trajectory reads
-    def __init__(self, gen, n_prompt, n_out):
-        self.input_tokens = torch.randint(5, 800, (n_prompt,), generator=gen).tolist()
-        self.output_tokens = torch.randint(5, 800, (n_out,), generator=gen).tolist()
-        self.input_len, self.output_len = n_prompt, n_out
-        self.output_logprobs = (-torch.rand(n_out, generator=gen)).tolist()
-        self.output_versions = [0] * n_out
-
-def batch():
-    gen = torch.Generator().manual_seed(0)
-    shapes = [(9, 20), (9, 4), (9, 31), (14, 12), (14, 25), (14, 1)]
-    return [train.trajectory(Response(gen, p, n), float(i % 2)) for i, (p, n) in enumerate(shapes)]
 
 def counted(fn):
     counts.update(gathers=0, micro_batches=0)
