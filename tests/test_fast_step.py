@@ -344,8 +344,7 @@ def test_parameters_gathered_once_per_pass_give_areals_logprobs_and_weights(tiny
     layer's parameters kept from forward to backward and across compute_logp's micro-batches,
     then AReaL's resharding from the same weights and optimizer state, in one process: the
     same log-probs, before and after the optimizer steps, and the same weights; fewer
-    gatherings; and nothing left gathered when a call returns (a gathered copy that outlived
-    an optimizer step would give stale log-probs)."""
+    gatherings; and nothing left gathered when a call returns, as AReaL leaves the model."""
     result = single_rank(GATHER_ONCE_SCRIPT, tiny_model_dir)
     assert result["logp_moved"] > 1e-2  # the optimizer steps changed what the model computes
     assert result["logp_diff"] == 0.0 and result["param_diff"] == 0.0
