@@ -3,15 +3,22 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+# pip keeps no cache: the CUDA wheels (about 4.5 GB) would otherwise sit on disk twice.
+PIP_INSTALL := $(PY) -m pip install --no-cache-dir --progress-bar off
+TORCH := $(shell grep -E '^torch==' requirements.txt)
 
 .PHONY: setup demo test bench
 
 setup: $(INSTALLED)
 
+# torch and its CUDA libraries go in first, alone, so their downloaded wheels are deleted
+# before the rest of areal's dependencies are fetched: that keeps the peak disk use down.
 $(INSTALLED): requirements.txt
+	$(PYTHON) scripts/check_disk.py .
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --progress-bar off -r requirements.txt
+	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
+	$(PIP_INSTALL) "$(TORCH)"
+	$(PIP_INSTALL) -r requirements.txt
 	touch $(INSTALLED)
 
 demo: $(INSTALLED)
