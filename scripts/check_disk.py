@@ -7,7 +7,7 @@ pip's output; this says up front how much room is needed and where.
 import shutil
 import sys
 
-NEEDED_GIB = 12.0
+NEEDED_GIB = 11.0
 
 
 def main(path: str) -> None:
