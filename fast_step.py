@@ -27,7 +27,7 @@ launched it. Seven costs there were not the model's own work (docs/results.md se
   for every micro-batch of compute_logp: each layer's 10 times per 1.5B bench step, about
   190 ms of casts and copies on one GPU. Each pass now keeps them until it ends (5 times),
   holding 2 bytes per parameter more while it runs: median steps 6.7% faster at 1.5B, 9%
-  at 0.5B (one H100).
+  at 0.5B (64 sequences, one H100); 4.1% at 1.5B on one GPU's share of the shipped batch.
 
 The first six together: a 1.6x faster step at 1.5B, about 2x at 0.5B. The replacements
 give AReaL's results bit for bit, but for the last digits of the gradient norm, of the
