@@ -13,8 +13,9 @@ setup: $(INSTALLED)
 
 # torch and its CUDA libraries go in first, alone, so their downloaded wheels are deleted
 # before the rest of areal's dependencies are fetched: that keeps the peak disk use down.
+# The disk check is for a first install; an existing .venv only needs what changed.
 $(INSTALLED): requirements.txt
-	$(PYTHON) scripts/check_disk.py .
+	test -d $(VENV) || $(PYTHON) scripts/check_disk.py .
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
 	$(PIP_INSTALL) "$(TORCH)"
