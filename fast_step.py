@@ -33,7 +33,13 @@ The first six together: a 1.6x faster step at 1.5B, about 2x at 0.5B. The replac
 give AReaL's results bit for bit, but for the last digits of the gradient norm, of the
 advantages when the reward has a KL penalty (kl_ctl > 0), and the vocabulary min/max
 statistics, which now average over the loss-masked positions (tests/test_fast_step.py).
-`install()` applies all seven in this process; train.py calls it in the trainer process and
+
+One more change trades memory for time. With gradient checkpointing on, every layer's
+forward runs again in the backward; the last N layers (`FAST_STEP_LAYERS_NOT_CHECKPOINTED`,
+set in train_config.yaml's trainer environment) keep their activations instead. 8 layers:
+a 256-sequence step 5% faster at 1.5B (one H100) and 4% at 3B, for 1.6 and 2.0 GiB per layer.
+
+`install()` applies all eight in this process; train.py calls it in the trainer process and
 `python3 -m packed_sdpa` in AReaL's RPC workers.
 Compilation only happens for models on CUDA (the CPU demo and tests run uncompiled);
 `TORCHDYNAMO_DISABLE=1` turns it off.
@@ -42,8 +48,11 @@ Compilation only happens for models on CUDA (the CPU demo and tests run uncompil
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
+
+LAYERS_NOT_CHECKPOINTED = "FAST_STEP_LAYERS_NOT_CHECKPOINTED"
 
 
 def pack_tensor_dict(data: dict) -> dict:
@@ -291,6 +300,33 @@ def forward_backward_batch(self, mb_list, process_output_fn, forward_only: bool 
                 module.reshard()
 
 
+def layers_not_checkpointed() -> int:
+    """How many decoder layers keep their activations (see `keep_activations`), from the
+    environment that train_config.yaml's `actor.scheduling_spec` gives AReaL's trainer
+    processes; 0 when it is not set."""
+    value = os.environ.get(LAYERS_NOT_CHECKPOINTED, "0")
+    if not value.isdigit():
+        raise ValueError(
+            f"{LAYERS_NOT_CHECKPOINTED}={value!r}: expected a whole number of decoder layers "
+            "(train_config.yaml, actor.scheduling_spec env_vars; 0 recomputes every layer)"
+        )
+    return int(value)
+
+
+def keep_activations(model: torch.nn.Module, n_layers: int) -> None:
+    """Gradient checkpointing off for the last `n_layers` decoder layers (all, if more).
+
+    Checkpointing every layer recomputes the whole forward pass in the backward, one forward
+    in five of a GRPO step (log-probs, then forward and backward of the update). A layer
+    that keeps its activations skips its recomputation and holds them until its backward:
+    1.6 GiB per layer of a 24k-token micro-batch at 1.5B, 2.0 GiB at 3B (measured). Call
+    after AReaL has enabled checkpointing; the others stay checkpointed.
+    """
+    layers = model.get_decoder().layers
+    for layer in layers[max(len(layers) - n_layers, 0) :]:
+        layer.gradient_checkpointing = False
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> None:
     """Each decoder layer's forward compiled by torch.compile, for any sequence length."""
     for layer in model.get_decoder().layers:
@@ -331,6 +367,8 @@ def install() -> None:
     @functools.wraps(create)
     def create_and_compile(self) -> None:
         create(self)
+        if self.config.gradient_checkpointing:
+            keep_activations(self.model, layers_not_checkpointed())
         if self.device.type == "cuda":
             compile_decoder_layers(self.model)
 

@@ -123,6 +123,35 @@ def test_compiled_layers_compute_what_the_model_computes(tiny_model_dir):
         assert (a - b).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("value, expected", [(None, 0), ("0", 0), ("8", 8), ("12", 12)])
+def test_layers_not_checkpointed_comes_from_the_environment(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(fast_step.LAYERS_NOT_CHECKPOINTED, raising=False)
+    else:
+        monkeypatch.setenv(fast_step.LAYERS_NOT_CHECKPOINTED, value)
+    assert fast_step.layers_not_checkpointed() == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "eight", "2.5", ""])
+def test_a_bad_layer_count_names_the_variable_and_where_it_is_set(monkeypatch, value):
+    monkeypatch.setenv(fast_step.LAYERS_NOT_CHECKPOINTED, value)
+    with pytest.raises(ValueError, match=f"{fast_step.LAYERS_NOT_CHECKPOINTED}=.*train_config.yaml"):
+        fast_step.layers_not_checkpointed()
+
+
+@pytest.mark.parametrize("n_layers, expected", [(0, [True] * 4), (1, [True] * 3 + [False]),
+                                                (3, [True] + [False] * 3), (9, [False] * 4)])  # fmt: skip
+def test_keep_activations_turns_checkpointing_off_for_the_last_layers(n_layers, expected):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    fast_step.keep_activations(model, n_layers)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == expected
+
+
 def advantage_batch(gen: torch.Generator, batch: int, width: int) -> dict:
     """A padded GRPO batch as compute_logp leaves it: prompt, completion (loss mask, with a few
     holes), padding; some rows fill the width (no EOS), some have no completion."""
@@ -357,3 +386,79 @@ def test_parameters_gathered_once_per_pass_give_areals_logprobs_and_weights(tiny
     for logp, update in zip(result["counts"]["areal"][::2], result["counts"]["areal"][1::2]):
         assert logp["gathers"] == groups * logp["micro_batches"]
         assert update["gathers"] == 2 * groups * update["micro_batches"]
+
+
+KEEP_ACTIVATIONS_SCRIPT = ACTOR_SCRIPT + r"""
+import fast_step
+
+# As AReaL's schedulers and launchers start a trainer from train_config.yaml's env_vars; the
+# tiny model has 2 layers, so the second keeps its activations. The shipped bf16 parameters
+# on fp32 master weights and gradient checkpointing; a learning rate large enough to move
+# every log-prob; 2 minibatches (2 optimizer steps) of several 48-token micro-batches each.
+os.environ[fast_step.LAYERS_NOT_CHECKPOINTED] = "1"
+actor = build_actor("actor.optimizer.lr=1e-2", "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48")
+layers = actor.model.get_decoder().layers
+at_creation = [layer.gradient_checkpointing for layer in layers]
+calls = [0] * len(layers)  # forwards per layer: a recomputation runs the layer's forward again
+for i, layer in enumerate(layers):
+    layer.register_forward_pre_hook(lambda module, args, kwargs, i=i: calls.__setitem__(i, calls[i] + 1),
+                                    with_kwargs=True)
+
+def counted(fn):
+    calls[:] = [0] * len(layers)
+    out = fn()
+    return out, list(calls)
+
+def step():
+    items = batch()
+    logp, logp_calls = counted(lambda: actor.compute_logp(items))
+    for item, lp in zip(items, logp):
+        item["prox_logp"] = lp
+    _, update_calls = counted(lambda: actor.ppo_update(actor.compute_advantages(items)))
+    return logp, logp_calls, update_calls
+
+def run():
+    first = step()
+    second = step()  # its log-probs come after two optimizer steps
+    params = [p.detach().to_local().float().clone() for p in actor.model.parameters()]
+    return first, second, params
+
+start = ([p.detach().to_local().clone() for p in actor.model.parameters()],
+         copy.deepcopy(actor.optimizer.state_dict()), copy.deepcopy(actor.lr_scheduler.state_dict()))
+kept = run()
+with torch.no_grad():
+    for p, value in zip(actor.model.parameters(), start[0]):
+        p.to_local().copy_(value)
+actor.optimizer.load_state_dict(start[1])
+actor.lr_scheduler.load_state_dict(start[2])
+actor.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # AReaL's
+recomputed = run()
+actor.destroy()
+
+def max_diff(a, b):
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+
+print("RESULT", json.dumps(dict(
+    at_creation=at_creation,
+    calls={name: [r[0][1], r[0][2]] for name, r in (("kept", kept), ("recomputed", recomputed))},
+    logp_diff=max(max_diff(kept[i][0], recomputed[i][0]) for i in (0, 1)),
+    param_diff=max_diff(kept[2], recomputed[2]),
+    logp_moved=max_diff(recomputed[0][0], recomputed[1][0]),
+)))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_layers_keeping_activations_skip_recomputation_and_give_the_same_training(tiny_model_dir, single_rank):
+    """The trainer started with FAST_STEP_LAYERS_NOT_CHECKPOINTED=1: its last layer runs one
+    forward per micro-batch in ppo_update where a checkpointed layer runs two, and two GRPO
+    steps give the same log-probs (before and after the optimizer steps) and the same
+    weights as with every layer recomputed, from the same weights and optimizer state."""
+    result = single_rank(KEEP_ACTIVATIONS_SCRIPT, tiny_model_dir)
+    assert result["at_creation"] == [True, False]
+    logp_calls, update_calls = result["calls"]["kept"]
+    assert logp_calls[0] == logp_calls[1] > 2  # compute_logp: no backward, nothing recomputed
+    assert update_calls[0] == 2 * update_calls[1] and update_calls[1] > 2
+    assert result["calls"]["recomputed"] == [logp_calls, [update_calls[0]] * 2]
+    assert result["logp_moved"] > 1e-2
+    assert result["logp_diff"] == 0.0 and result["param_diff"] == 0.0
