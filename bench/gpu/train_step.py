@@ -16,8 +16,11 @@ positions only, parameters gathered once per pass, and exact replacements for AR
 log-prob slicing, packing, gradient clipping and advantages), bf16 compute on fp32 master
 weights, GRPO loss with the decoupled PPO objective, timing
 compute_logp + compute_advantages + ppo_update. Rows, in this order (--rows N runs the first
-N): the shipped config; gradient checkpointing off (at the shipped and at half the
-micro-batch token budget); the shipped config with AReaL's logits at every position
+N): the shipped config; the shipped config with every layer recomputed (train_config.yaml has
+its last layers keep their activations, fast_step.keep_activations); the shipped config with
+AReaL's default micro-batch split, first-fit decreasing, instead of the balanced Karmarkar-Karp
+split; gradient checkpointing off (at the shipped and at half the micro-batch token budget);
+the shipped config with AReaL's logits at every position
 (fast_step computes them where they are scored); the shipped config with AReaL's FSDP
 resharding, which gathers each layer's parameters for every forward and again for every
 backward (fast_step gathers them once per pass); one PPO minibatch instead of four; then,
@@ -86,6 +89,7 @@ from pathlib import Path
 
 START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))  # train.py, fast_step.py, packed_sdpa.py
 SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab)
     "small": (512, 8, 8, 2, 2048, 899),
     "0.5b": (896, 24, 14, 2, 4864, 151936),
@@ -107,6 +111,8 @@ class Setting:
     gradient_checkpointing: bool
     max_tokens_per_mb: int
     n_minibatches: int
+    layers_not_checkpointed: int = 0  # fast_step.keep_activations: the last N layers (AReaL rows)
+    packing_algorithm: str = "ffd"  # how AReaL splits a batch into micro-batches (AReaL rows)
     attention: str = VARLEN
     compiled: bool = True  # fast_step's compiled decoder layers (AReaL rows)
     scored_logits: bool = True  # fast_step's LM head on scored positions only (AReaL rows)
@@ -124,8 +130,12 @@ class Sample:
 def shipped_setting() -> Setting:
     import yaml
 
+    import fast_step
+
     actor = yaml.safe_load((ROOT / "train_config.yaml").read_text())["actor"]
-    return Setting(actor["gradient_checkpointing"], actor["mb_spec"]["max_tokens_per_mb"], actor["ppo_n_minibatches"])
+    env = actor["scheduling_spec"][0]["env_vars"]
+    return Setting(actor["gradient_checkpointing"], actor["mb_spec"]["max_tokens_per_mb"], actor["ppo_n_minibatches"],
+                   int(env.get(fast_step.LAYERS_NOT_CHECKPOINTED, 0)), actor["mb_spec"].get("packing_algorithm", "ffd"))  # fmt: skip
 
 
 def areal_settings(shipped: Setting) -> list[Setting]:
@@ -133,6 +143,8 @@ def areal_settings(shipped: Setting) -> list[Setting]:
     change = dataclasses.replace
     return [
         shipped,
+        change(shipped, layers_not_checkpointed=0),
+        change(shipped, packing_algorithm="ffd"),
         change(shipped, gradient_checkpointing=not shipped.gradient_checkpointing),
         change(shipped, gradient_checkpointing=False, max_tokens_per_mb=shipped.max_tokens_per_mb // 2),
         change(shipped, scored_logits=False),
@@ -144,7 +156,7 @@ def areal_settings(shipped: Setting) -> list[Setting]:
 
 def trl_settings(shipped: Setting) -> list[Setting]:
     change = dataclasses.replace
-    checkpointing = change(shipped, gradient_checkpointing=True)  # TRL's default
+    checkpointing = change(shipped, gradient_checkpointing=True, layers_not_checkpointed=0)  # TRL's default
     return [
         checkpointing,
         change(checkpointing, n_minibatches=1),
@@ -375,10 +387,13 @@ def configure(actor, setting: Setting) -> None:
     FSDPEngine.forward_backward_batch = (
         fast_step.forward_backward_batch if setting.gathered_once else FSDPEngine._areal_forward_backward_batch
     )
-    actor.config.mb_spec = dataclasses.replace(actor.config.mb_spec, max_tokens_per_mb=setting.max_tokens_per_mb)
+    actor.config.mb_spec = dataclasses.replace(
+        actor.config.mb_spec, max_tokens_per_mb=setting.max_tokens_per_mb, packing_algorithm=setting.packing_algorithm
+    )
     actor.config.ppo_n_minibatches = setting.n_minibatches
     if setting.gradient_checkpointing:
         actor.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        fast_step.keep_activations(actor.model, setting.layers_not_checkpointed)
     else:
         actor.model.gradient_checkpointing_disable()
     if not setting.compiled:
@@ -438,7 +453,6 @@ def profile_step(step, model, out: Path) -> None:
 def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_dir: Path | None,
                n_rows: int | None) -> None:
     """Runs inside its own process (the actor owns torch.distributed there); emits one row per setting."""
-    sys.path.insert(0, str(ROOT))
     actor = build_actor(shape, n_seqs)
     samples = make_samples(n_seqs, SHAPES[shape][5])
     batch = areal_batch(samples)
@@ -564,7 +578,8 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, n_rows: in
     for setting in trl_settings(shipped_setting())[:n_rows]:
         row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
                    gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
-                   n_minibatches=setting.n_minibatches, attention="sdpa, right-padded rows", compiled=False,
+                   n_minibatches=setting.n_minibatches, layers_not_checkpointed=0, packing_algorithm=None,
+                   attention="sdpa, right-padded rows", compiled=False,
                    scored_logits=True, gathered_once=True, liger=setting.liger, padded_tokens=padded)  # fmt: skip
         trainer = None
         try:
@@ -621,7 +636,9 @@ def progress(message: str) -> None:
 def extras(row: dict) -> list[str]:
     """The row's speed options beyond the common knobs (TRL computes logits where they are
     scored, with its own logits_to_keep)."""
+    kept = row["layers_not_checkpointed"] if row["gradient_checkpointing"] else 0
     options = (("compiled", row["compiled"]), ("Liger", row["liger"]),
+               (f"last {kept} layers not recomputed", kept > 0),
                ("logits at every position", not row["scored_logits"]),
                ("parameters gathered for every forward and backward", not row["gathered_once"]))  # fmt: skip
     return [name for name, on in options if on]
@@ -629,6 +646,7 @@ def extras(row: dict) -> list[str]:
 
 def knobs(row: dict) -> str:
     return (f"ckpt={'on' if row['gradient_checkpointing'] else 'off'} mb_tokens={row['max_tokens_per_mb']} "
+            f"packing={row['packing_algorithm']} "
             f"minibatches={row['n_minibatches']} {row['attention']}" + "".join(f", {x}" for x in extras(row)))  # fmt: skip
 
 
@@ -649,12 +667,16 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
             if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"]
             and r["compiled"] and r["scored_logits"] and r["gathered_once"] and r["attention"] == VARLEN
             and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
+            and r["layers_not_checkpointed"] == shipped.layers_not_checkpointed
+            and r["packing_algorithm"] == shipped.packing_algorithm
             and (r["gradient_checkpointing"], r["n_minibatches"]) == (gradient_checkpointing, n_minibatches)
         ), None)  # fmt: skip
 
     out = []
     for trl_row in (r for r in rows if r["framework"].startswith("TRL") and "error" not in r):
-        pairs = [("same checkpointing", areal(trl_row["gradient_checkpointing"], trl_row["n_minibatches"]))]
+        knobs = (trl_row["gradient_checkpointing"], trl_row["n_minibatches"])
+        label = "shipped" if knobs == (shipped.gradient_checkpointing, shipped.n_minibatches) else "same checkpointing"
+        pairs = [(label, areal(*knobs))]
         defaults = trl_row["gradient_checkpointing"] and not trl_row["liger"]
         if defaults and trl_row["n_minibatches"] == shipped.n_minibatches and not shipped.gradient_checkpointing:
             pairs.insert(0, ("shipped", areal(shipped.gradient_checkpointing, shipped.n_minibatches)))
@@ -681,7 +703,8 @@ def print_tables(rows: list[dict], ratio_rows: list[dict]) -> None:
     for r in rows:
         ckpt = "on" if r["gradient_checkpointing"] else "off"
         extra = ", ".join(extras(r)) or "-"
-        head = (f"| {r['framework']} | {r['shape']} | {ckpt} | {r['max_tokens_per_mb'] or '-'} | {r['n_minibatches']} "
+        split = f"{r['max_tokens_per_mb']} ({r['packing_algorithm']})" if r["max_tokens_per_mb"] else "-"
+        head = (f"| {r['framework']} | {r['shape']} | {ckpt} | {split} | {r['n_minibatches']} "
                 f"| {r['attention']} | {extra} |")  # fmt: skip
         if "error" in r:
             print(f"{head} {r['error']} |||||||")
