@@ -44,6 +44,8 @@ def test_readme_shows_every_launch_mode():
 def test_readme_command_parses_and_allocation_adds_up(command):
     from areal.api.alloc_mode import ModelAllocation
 
+    import fast_step
+
     config = parse(command)
     assert config.scheduler.type in ("local", "ray", "slurm")
     assert config.allocation_mode == f"{config.rollout.backend}+{config.actor.backend}"
@@ -54,3 +56,7 @@ def test_readme_command_parses_and_allocation_adds_up(command):
     assert used <= available or (used == 2 and available == 1)  # 1 GPU: SGLang and FSDP share it
     assert config.actor.reward_norm.group_size == config.gconfig.n_samples
     assert config.actor.attn_impl == "sdpa" and config.actor.weight_update_mode == "disk"
+    kept = config.actor.scheduling_spec[0].env_vars[fast_step.LAYERS_NOT_CHECKPOINTED]
+    assert kept.isdigit()
+    if ModelAllocation.from_str(config.actor.backend).parallel.world_size == 1:
+        assert kept == "0"  # one trainer GPU holds all the optimizer state: no room for kept activations
