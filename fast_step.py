@@ -367,8 +367,9 @@ def install() -> None:
     @functools.wraps(create)
     def create_and_compile(self) -> None:
         create(self)
-        if self.config.gradient_checkpointing:
-            keep_activations(self.model, layers_not_checkpointed())
+        kept = layers_not_checkpointed()
+        if self.config.gradient_checkpointing and kept:
+            keep_activations(self.model, kept)
         if self.device.type == "cuda":
             compile_decoder_layers(self.model)
 

@@ -250,6 +250,34 @@ def batch():
     gen = torch.Generator().manual_seed(0)
     shapes = [(9, 20), (9, 4), (9, 31), (14, 12), (14, 25), (14, 1)]
     return [train.trajectory(Response(gen, p, n), float(i % 2)) for i, (p, n) in enumerate(shapes)]
+
+# Two GRPO steps (compute_logp, then ppo_update), each call run through `counted`, which
+# returns the call's output and what it counted; then the weights.
+def two_steps(actor, counted):
+    def step():
+        items = batch()
+        logp, logp_counts = counted(lambda: actor.compute_logp(items))
+        for item, lp in zip(items, logp):
+            item["prox_logp"] = lp
+        _, update_counts = counted(lambda: actor.ppo_update(actor.compute_advantages(items)))
+        return logp, logp_counts, update_counts
+    first = step()
+    second = step()  # its log-probs come after the first step's optimizer steps
+    return first, second, [p.detach().to_local().float().clone() for p in actor.model.parameters()]
+
+def training_state(actor):
+    return ([p.detach().to_local().clone() for p in actor.model.parameters()],
+            copy.deepcopy(actor.optimizer.state_dict()), copy.deepcopy(actor.lr_scheduler.state_dict()))
+
+def restore(actor, state):
+    with torch.no_grad():
+        for p, value in zip(actor.model.parameters(), state[0]):
+            p.to_local().copy_(value)
+    actor.optimizer.load_state_dict(state[1])
+    actor.lr_scheduler.load_state_dict(state[2])
+
+def max_diff(a, b):
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 """
 
 
@@ -328,34 +356,12 @@ def counted(fn):
     out = fn()
     return out, dict(counts, left_unsharded=sum(g.is_unsharded for g in groups))
 
-def step():
-    items = batch()
-    logp, logp_counts = counted(lambda: actor.compute_logp(items))
-    for item, lp in zip(items, logp):
-        item["prox_logp"] = lp
-    _, update_counts = counted(lambda: actor.ppo_update(actor.compute_advantages(items)))
-    return logp, logp_counts, update_counts
-
-def run():
-    first = step()
-    second = step()  # its log-probs come after two optimizer steps
-    params = [p.detach().to_local().float().clone() for p in actor.model.parameters()]
-    return first, second, params
-
-start = ([p.detach().to_local().clone() for p in actor.model.parameters()],
-         copy.deepcopy(actor.optimizer.state_dict()), copy.deepcopy(actor.lr_scheduler.state_dict()))
-gathered_once = run()
-with torch.no_grad():
-    for p, value in zip(actor.model.parameters(), start[0]):
-        p.to_local().copy_(value)
-actor.optimizer.load_state_dict(start[1])
-actor.lr_scheduler.load_state_dict(start[2])
+start = training_state(actor)
+gathered_once = two_steps(actor, counted)
+restore(actor, start)
 FSDPEngine.forward_backward_batch = FSDPEngine._areal_forward_backward_batch
-areal = run()
+areal = two_steps(actor, counted)
 actor.destroy()
-
-def max_diff(a, b):
-    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 print("RESULT", json.dumps(dict(
     groups=len(groups),
@@ -409,34 +415,12 @@ def counted(fn):
     out = fn()
     return out, list(calls)
 
-def step():
-    items = batch()
-    logp, logp_calls = counted(lambda: actor.compute_logp(items))
-    for item, lp in zip(items, logp):
-        item["prox_logp"] = lp
-    _, update_calls = counted(lambda: actor.ppo_update(actor.compute_advantages(items)))
-    return logp, logp_calls, update_calls
-
-def run():
-    first = step()
-    second = step()  # its log-probs come after two optimizer steps
-    params = [p.detach().to_local().float().clone() for p in actor.model.parameters()]
-    return first, second, params
-
-start = ([p.detach().to_local().clone() for p in actor.model.parameters()],
-         copy.deepcopy(actor.optimizer.state_dict()), copy.deepcopy(actor.lr_scheduler.state_dict()))
-kept = run()
-with torch.no_grad():
-    for p, value in zip(actor.model.parameters(), start[0]):
-        p.to_local().copy_(value)
-actor.optimizer.load_state_dict(start[1])
-actor.lr_scheduler.load_state_dict(start[2])
+start = training_state(actor)
+kept = two_steps(actor, counted)
+restore(actor, start)
 actor.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # AReaL's
-recomputed = run()
+recomputed = two_steps(actor, counted)
 actor.destroy()
-
-def max_diff(a, b):
-    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 print("RESULT", json.dumps(dict(
     at_creation=at_creation,
