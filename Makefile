@@ -17,7 +17,7 @@ setup: $(INSTALLED)
 $(INSTALLED): requirements.txt
 	test -d $(VENV) || $(PYTHON) scripts/check_disk.py .
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
+	$(PIP_INSTALL) --quiet --upgrade pip
 	$(PIP_INSTALL) "$(TORCH)"
 	$(PIP_INSTALL) -r requirements.txt
 	touch $(INSTALLED)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 
 import torch
 
@@ -300,11 +301,11 @@ def forward_backward_batch(self, mb_list, process_output_fn, forward_only: bool 
                 module.reshard()
 
 
-def layers_not_checkpointed() -> int:
+def layers_not_checkpointed(env: Mapping[str, str] = os.environ) -> int:
     """How many decoder layers keep their activations (see `keep_activations`), from the
     environment that train_config.yaml's `actor.scheduling_spec` gives AReaL's trainer
-    processes; 0 when it is not set."""
-    value = os.environ.get(LAYERS_NOT_CHECKPOINTED, "0")
+    processes (or from those `env_vars` themselves); 0 when it is not set."""
+    value = env.get(LAYERS_NOT_CHECKPOINTED, "0")
     if not value.isdigit():
         raise ValueError(
             f"{LAYERS_NOT_CHECKPOINTED}={value!r}: expected a whole number of decoder layers "

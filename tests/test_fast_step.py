@@ -139,6 +139,14 @@ def test_a_bad_layer_count_names_the_variable_and_where_it_is_set(monkeypatch, v
         fast_step.layers_not_checkpointed()
 
 
+def test_layer_count_read_from_the_configs_env_vars_is_checked_the_same_way():
+    name = fast_step.LAYERS_NOT_CHECKPOINTED
+    assert fast_step.layers_not_checkpointed({name: "3"}) == 3
+    assert fast_step.layers_not_checkpointed({}) == 0
+    with pytest.raises(ValueError, match=f"{name}='three'"):
+        fast_step.layers_not_checkpointed({name: "three"})
+
+
 @pytest.mark.parametrize("n_layers, expected", [(0, [True] * 4), (1, [True] * 3 + [False]),
                                                 (3, [True] + [False] * 3), (9, [False] * 4)])  # fmt: skip
 def test_keep_activations_turns_checkpointing_off_for_the_last_layers(n_layers, expected):
@@ -251,6 +259,12 @@ def batch():
     shapes = [(9, 20), (9, 4), (9, 31), (14, 12), (14, 25), (14, 1)]
     return [train.trajectory(Response(gen, p, n), float(i % 2)) for i, (p, n) in enumerate(shapes)]
 
+# The shipped bf16 parameters on fp32 master weights and gradient checkpointing; a learning
+# rate large enough to move every log-prob; 2 minibatches (2 optimizer steps) of several
+# 48-token micro-batches each.
+def training_actor():
+    return build_actor("actor.optimizer.lr=1e-2", "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48")
+
 # Two GRPO steps (compute_logp, then ppo_update), each call run through `counted`, which
 # returns the call's output and what it counted; then the weights.
 def two_steps(actor, counted):
@@ -334,10 +348,7 @@ def test_logits_of_scored_positions_give_areals_logprobs_gradients_and_statistic
 GATHER_ONCE_SCRIPT = ACTOR_SCRIPT + r"""
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
-# The shipped bf16 parameters on fp32 master weights and gradient checkpointing; a learning
-# rate large enough to move every log-prob; 2 minibatches (2 optimizer steps) of several
-# 48-token micro-batches each.
-actor = build_actor("actor.optimizer.lr=1e-2", "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48")
+actor = training_actor()
 groups = [m._get_fsdp_state()._fsdp_param_group for m in actor.model.modules() if hasattr(m, "_get_fsdp_state")]
 groups = [g for g in groups if g is not None]
 
@@ -398,11 +409,9 @@ KEEP_ACTIVATIONS_SCRIPT = ACTOR_SCRIPT + r"""
 import fast_step
 
 # As AReaL's schedulers and launchers start a trainer from train_config.yaml's env_vars; the
-# tiny model has 2 layers, so the second keeps its activations. The shipped bf16 parameters
-# on fp32 master weights and gradient checkpointing; a learning rate large enough to move
-# every log-prob; 2 minibatches (2 optimizer steps) of several 48-token micro-batches each.
+# tiny model has 2 layers, so the second keeps its activations.
 os.environ[fast_step.LAYERS_NOT_CHECKPOINTED] = "1"
-actor = build_actor("actor.optimizer.lr=1e-2", "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48")
+actor = training_actor()
 layers = actor.model.get_decoder().layers
 at_creation = [layer.gradient_checkpointing for layer in layers]
 calls = [0] * len(layers)  # forwards per layer: a recomputation runs the layer's forward again

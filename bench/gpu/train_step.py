@@ -133,9 +133,9 @@ def shipped_setting() -> Setting:
     import fast_step
 
     actor = yaml.safe_load((ROOT / "train_config.yaml").read_text())["actor"]
-    env = actor["scheduling_spec"][0]["env_vars"]
+    kept = fast_step.layers_not_checkpointed(actor["scheduling_spec"][0]["env_vars"])
     return Setting(actor["gradient_checkpointing"], actor["mb_spec"]["max_tokens_per_mb"], actor["ppo_n_minibatches"],
-                   int(env.get(fast_step.LAYERS_NOT_CHECKPOINTED, 0)), actor["mb_spec"].get("packing_algorithm", "ffd"))  # fmt: skip
+                   kept, actor["mb_spec"].get("packing_algorithm", "ffd"))  # fmt: skip
 
 
 def areal_settings(shipped: Setting) -> list[Setting]:
@@ -674,9 +674,9 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
 
     out = []
     for trl_row in (r for r in rows if r["framework"].startswith("TRL") and "error" not in r):
-        knobs = (trl_row["gradient_checkpointing"], trl_row["n_minibatches"])
-        label = "shipped" if knobs == (shipped.gradient_checkpointing, shipped.n_minibatches) else "same checkpointing"
-        pairs = [(label, areal(*knobs))]
+        trl_knobs = (trl_row["gradient_checkpointing"], trl_row["n_minibatches"])
+        label = "shipped" if trl_knobs == (shipped.gradient_checkpointing, shipped.n_minibatches) else "same checkpointing"
+        pairs = [(label, areal(*trl_knobs))]
         defaults = trl_row["gradient_checkpointing"] and not trl_row["liger"]
         if defaults and trl_row["n_minibatches"] == shipped.n_minibatches and not shipped.gradient_checkpointing:
             pairs.insert(0, ("shipped", areal(shipped.gradient_checkpointing, shipped.n_minibatches)))
