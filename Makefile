@@ -14,12 +14,13 @@ setup: $(INSTALLED)
 # torch and its CUDA libraries go in first, alone, so their downloaded wheels are deleted
 # before the rest of areal's dependencies are fetched: that keeps the peak disk use down.
 # The disk check is for a first install; an existing .venv only needs what changed.
-$(INSTALLED): requirements.txt
+$(INSTALLED): requirements.txt pyproject.toml
 	test -d $(VENV) || $(PYTHON) scripts/check_disk.py .
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --quiet --upgrade pip
 	$(PIP_INSTALL) "$(TORCH)"
 	$(PIP_INSTALL) -r requirements.txt
+	$(PIP_INSTALL) --no-deps -e .
 	touch $(INSTALLED)
 
 demo: $(INSTALLED)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datasets import Dataset
 
 import countdown
-import packed_sdpa
+import areal_patches
 from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig, load_expr_config
 from areal.utils.hf_utils import load_hf_tokenizer
@@ -55,7 +55,7 @@ class WarmStartConfig(SFTConfig):
 
 
 def main(argv: list[str]) -> None:
-    packed_sdpa.install()
+    areal_patches.install(weight_push=False, fast_step=False)  # no rollouts; SFTTrainer's LM engine
     config, _ = load_expr_config(argv, WarmStartConfig)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     rows = countdown.load_puzzles(config.train_dataset.path)

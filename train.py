@@ -20,22 +20,14 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerFast
 
+import areal_patches
 import countdown
-import fast_step
-import packed_sdpa
-import weight_push
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, load_expr_config
 from areal.utils import stats_tracker
 from areal.utils.hf_utils import load_hf_tokenizer
 from reward_score import compute_score, has_think_answer_format
-
-# The actor and the rollout client run in this process under the SPMD launchers; see
-# packed_sdpa, weight_push and fast_step for why.
-packed_sdpa.install()
-weight_push.install()
-fast_step.install()
 
 
 class CountDownWorkflow(RolloutWorkflow):
@@ -147,6 +139,7 @@ def start_trainer(config: GRPOConfig, train_set: Dataset, valid_set: Dataset) ->
 
 
 def main(argv: list[str]) -> None:
+    areal_patches.install()  # in this process: the trainer under the SPMD launchers
     config, _ = load_expr_config(argv, CountDownConfig)
     try:
         check_model_path(config.actor.path)
@@ -166,4 +159,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # Run as the module `train`, not as `__main__`: in single-controller mode AReaL sends the
+    # config to its workers, which rebuild CountDownConfig by its module name.
+    import train
+
+    train.main(sys.argv[1:])

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fast_step
+from areal_patches import fast_step
 
 
 @st.composite
@@ -234,7 +234,8 @@ from areal.api.cli_args import load_expr_config
 from areal.engine import FSDPPPOActor
 from areal.engine.fsdp_engine import FSDPEngine
 from areal.utils import stats_tracker
-import train  # installs packed_sdpa and fast_step
+import areal_patches, train
+areal_patches.install(weight_push=False)
 
 def build_actor(*overrides):  # the project's FSDPPPOActor on the tiny model, one rank
     config, _ = load_expr_config([
@@ -406,7 +407,7 @@ def test_parameters_gathered_once_per_pass_give_areals_logprobs_and_weights(tiny
 
 
 KEEP_ACTIVATIONS_SCRIPT = ACTOR_SCRIPT + r"""
-import fast_step
+from areal_patches import fast_step
 
 # As AReaL's schedulers and launchers start a trainer from train_config.yaml's env_vars; the
 # tiny model has 2 layers, so the second keeps its activations.

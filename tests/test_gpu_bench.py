@@ -81,7 +81,7 @@ def test_busy_and_idle_time_go_to_the_phase_that_launched_each_kernel():
 def test_padded_attention_equals_one_sdpa_call_per_sequence():
     """Both alternatives to packed_sdpa's kernel compute the same causal attention within
     each packed sequence (fp32, CPU), with grouped key/value heads and trailing padding."""
-    import packed_sdpa
+    from areal_patches import packed_sdpa
 
     gen = torch.Generator().manual_seed(0)
     bounds = [0, 7, 19, 20, 33, 40]

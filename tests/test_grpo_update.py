@@ -19,7 +19,8 @@ from areal.api import FinetuneSpec
 from areal.api.alloc_mode import ModelAllocation
 from areal.api.cli_args import load_expr_config
 from areal.engine import FSDPPPOActor
-import countdown, packed_sdpa, train
+import countdown, train
+from areal_patches import packed_sdpa
 from reward_score import compute_score
 
 packed_sdpa.install()

@@ -15,7 +15,7 @@ from areal.api.alloc_mode import ModelAllocation
 from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, PPOActorConfig
 from areal.engine import FSDPPPOActor
 from areal.utils.data import concat_batch
-import packed_sdpa
+from areal_patches import packed_sdpa
 
 model_path, with_fix = sys.argv[2], sys.argv[3] == "fix"
 if with_fix:
@@ -84,7 +84,7 @@ def test_plain_sdpa_leaks_across_packed_sequences(tiny_model_dir, single_rank):
 def test_sequence_bounds_keep_padding_apart_and_skip_empty_sequences():
     import torch
 
-    import packed_sdpa
+    from areal_patches import packed_sdpa
 
     assert packed_sdpa.sequence_bounds(torch.tensor([0, 3, 3, 7]), 9) == [0, 3, 7, 9]
     assert packed_sdpa.sequence_bounds(torch.tensor([0, 4, 9]), 9) == [0, 4, 9]
@@ -94,7 +94,7 @@ def test_varlen_kernel_is_only_used_where_it_applies():
     """CPU or fp32 inputs take the per-sequence path (the varlen kernel is CUDA bf16/fp16)."""
     import torch
 
-    import packed_sdpa
+    from areal_patches import packed_sdpa
 
     module = torch.nn.Module()
     assert not packed_sdpa.varlen_usable(module, torch.zeros(1, 4, 8, 16, dtype=torch.bfloat16))

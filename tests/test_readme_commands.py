@@ -44,7 +44,7 @@ def test_readme_shows_every_launch_mode():
 def test_readme_command_parses_and_allocation_adds_up(command):
     from areal.api.alloc_mode import ModelAllocation
 
-    import fast_step
+    from areal_patches import fast_step
 
     config = parse(command)
     assert config.scheduler.type in ("local", "ray", "slurm")

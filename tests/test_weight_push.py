@@ -10,15 +10,14 @@ import pytest
 from areal.api.cli_args import NameResolveConfig
 from areal.utils import name_resolve
 
-import weight_push
+from areal_patches import weight_push
 
 
 @pytest.fixture
 def repository(tmp_path, monkeypatch):
     """A fresh NFS name_resolve repository with AReaL's own wait, whatever was installed before.
 
-    Importing train.py (as other tests do) installs weight_push for the whole process, so
-    each test starts from the unwrapped wait and the module state is restored afterwards.
+    Another test may have installed weight_push in this process, so each test starts from the unwrapped wait and the module state is restored afterwards.
     """
     for cls in weight_push.REPOSITORIES:
         monkeypatch.setattr(cls, "wait", getattr(cls.wait, "__wrapped__", cls.wait))

@@ -130,7 +130,7 @@ class Sample:
 def shipped_setting() -> Setting:
     import yaml
 
-    import fast_step
+    from areal_patches import fast_step
 
     actor = yaml.safe_load((ROOT / "train_config.yaml").read_text())["actor"]
     kept = fast_step.layers_not_checkpointed(actor["scheduling_spec"][0]["env_vars"])
@@ -302,8 +302,10 @@ def build_actor(shape: str, n_seqs: int):
     from areal.api.alloc_mode import ModelAllocation
     from areal.api.cli_args import load_expr_config
     from areal.engine import FSDPPPOActor
+    import areal_patches
     from train import CountDownConfig
 
+    areal_patches.install(weight_push=False)  # as train.py's main() does, less the rollout client's fix
     config, _ = load_expr_config(
         ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", "actor.backend=fsdp:d1",
          "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr"]
@@ -359,7 +361,7 @@ def use_attention(attention: str) -> None:
     """Register packed_sdpa as train.py installs it, or one of the two alternatives."""
     from transformers import AttentionInterface
 
-    import packed_sdpa
+    from areal_patches import packed_sdpa
 
     def alternative(module, q, k, v, mask, **kw):
         cu = kw.get("cu_seq_lens_q")
@@ -379,7 +381,7 @@ def configure(actor, setting: Setting) -> None:
     removes fast_step's compiled forwards (the layers' own forward shows again)."""
     from areal.engine.fsdp_engine import FSDPEngine
 
-    import fast_step
+    from areal_patches import fast_step
 
     FSDPEngine._prepare_mb_inputs = (
         fast_step.prepare_mb_inputs if setting.scored_logits else FSDPEngine._areal_prepare_mb_inputs

@@ -124,18 +124,3 @@ def install() -> None:
     """Register the packing-aware function as this process's `sdpa` attention."""
     AttentionInterface.register("sdpa", packed_sdpa_attention_forward)
 
-
-if __name__ == "__main__":
-    # `python3 -m packed_sdpa ...` runs AReaL's RPC worker with the fix installed, and with
-    # weight_push's faster wait for the rollout client's weight loads and fast_step's faster
-    # training step: the single-controller schedulers start training and rollout workers
-    # with this command (see `scheduling_spec.cmd` in train_config.yaml).
-    from areal.infra.rpc.rpc_server import main
-
-    import fast_step
-    import weight_push
-
-    install()
-    weight_push.install()
-    fast_step.install()
-    sys.exit(main())

@@ -39,8 +39,8 @@ forward runs again in the backward; the last N layers (`FAST_STEP_LAYERS_NOT_CHE
 set in train_config.yaml's trainer environment) keep their activations instead. 8 layers:
 a 256-sequence step 5% faster at 1.5B (one H100) and 4% at 3B, for 1.6 and 2.0 GiB per layer.
 
-`install()` applies all eight in this process; train.py calls it in the trainer process and
-`python3 -m packed_sdpa` in AReaL's RPC workers.
+`install()` applies all eight in this process, through `areal_patches.install()`: train.py's
+`main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in AReaL's RPC workers.
 Compilation only happens for models on CUDA (the CPU demo and tests run uncompiled);
 `TORCHDYNAMO_DISABLE=1` turns it off.
 """

@@ -1,0 +1,29 @@
+"""Fixes to areal 1.0.4, each in its own module, installed explicitly by `install()`.
+
+| module | upstream behaviour | effect | off |
+|---|---|---|---|
+| `packed_sdpa` | transformers' `sdpa` ignores `cu_seq_lens`, so packed sequences attend to each other | correct log-probs and gradients with `attn_impl: sdpa` | `install(packed_sdpa=False)`, or `attn_impl: flash_attention_2` |
+| `weight_push` | the rollout client polls for new weights once a second during a disk push | the push stops idling a second per step | `install(weight_push=False)` |
+| `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `install(fast_step=False)`; `TORCHDYNAMO_DISABLE=1` for compilation only |
+
+Each module's docstring says why and what was measured (docs/results.md has the numbers).
+Nothing is patched on import: `train.py` and `sft.py` call `install()` from `main()`, and the
+single-controller workers run `python3 -m areal_patches.worker` (train_config.yaml's
+`actor.scheduling_spec.cmd`), which installs them before AReaL's RPC server starts.
+"""
+
+from __future__ import annotations
+
+
+def install(packed_sdpa: bool = True, weight_push: bool = True, fast_step: bool = True) -> None:
+    """Apply the chosen fixes in this process (each is idempotent)."""
+    from areal_patches import fast_step as fast_step_module
+    from areal_patches import packed_sdpa as packed_sdpa_module
+    from areal_patches import weight_push as weight_push_module
+
+    if packed_sdpa:
+        packed_sdpa_module.install()
+    if weight_push:
+        weight_push_module.install()
+    if fast_step:
+        fast_step_module.install()
