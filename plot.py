@@ -1,113 +1,194 @@
 """Turn a training run's metrics into a CSV and a PNG.
 
-    python3 plot.py RUN_DIR [--out curves.png]
+    python3 plot.py TB_DIR [--out curves.png]
 
-RUN_DIR is any folder holding the TensorBoard event files that AReaL's StatsLogger writes
-(`stats_logger.tensorboard.path`). The reader below parses the TFRecord framing itself, so
-plotting needs neither TensorBoard nor TensorFlow, only the protobuf classes that ship with
-tensorboardX.
+TB_DIR is the folder of one run's TensorBoard event files, which AReaL's StatsLogger writes to
+`<fileroot>/logs/tensorboard/<experiment>/<trial>`, or any folder above it that holds only
+that run. Steps are numbered as the training log numbers them: step 1 is the first training
+step (`Train step 1/N`), which AReaL logs to TensorBoard as step 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import struct
 import sys
-from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
-# (panel title, metric tags drawn on it); tags missing from a run are skipped.
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from tensorboard.backend.event_processing import event_accumulator
+
+Scalars = dict[str, dict[int, float]]  # {tag: {step: value}}
+
+# (panel title, y-axis label, y-axis top or None for "fit the data", {metric: legend label}).
+# Each metric is drawn twice: rollout/<metric> (training) and eval-rollout/<metric> (held-out).
 PANELS = [
-    ("reward (train rollouts)", ["rollout/reward"]),
-    ("success rate", ["rollout/success", "eval-rollout/success"]),
-    ("eval pass@1 by number count", ["eval-rollout/success_3nums", "eval-rollout/success_4nums"]),
-    ("completion length (tokens)", ["rollout/completion_len", "eval-rollout/completion_len"]),
-]
+    ("reward", "mean reward", 1.0, {"reward": ""}),
+    ("success", "fraction solved", 1.0, {"success": ""}),
+    ("success by number count", "fraction solved", 1.0,
+     {"success_3nums": "3 numbers", "success_4nums": "4 numbers"}),
+    ("<think><answer> format", "fraction of completions", 1.0, {"format_ok": ""}),
+    ("completion length", "tokens per completion", None, {"completion_len": ""}),
+    ("cut at max_new_tokens", "fraction of completions", 1.0, {"truncated": ""}),
+]  # fmt: skip
+SOURCES = {"rollout": "training", "eval-rollout": "held-out"}
+# A panel's second metric differs in line style and marker too, so that equal values (all 0
+# at the start of a run) leave both visible.
+SERIES_STYLES = [dict(linestyle="-", marker="D"), dict(linestyle="--", marker="s")]
+MIN_POINTS_TO_SMOOTH = 10
 
 
-def read_event_scalars(path: Path) -> dict[str, dict[int, float]]:
-    """{tag: {step: value}} from one TensorBoard event file (last value wins per step)."""
-    from tensorboardX.proto import event_pb2
-
-    scalars: dict[str, dict[int, float]] = defaultdict(dict)
-    data = path.read_bytes()
-    pos = 0
-    while pos + 12 <= len(data):
-        (length,) = struct.unpack_from("<Q", data, pos)
-        record = data[pos + 12 : pos + 12 + length]
-        pos += 12 + length + 4
-        if len(record) < length:
-            break  # a file still being written ends mid-record
-        event = event_pb2.Event.FromString(record)
-        for value in event.summary.value:
-            scalars[value.tag][event.step] = value.simple_value
-    return scalars
+@dataclass
+class Run:
+    name: str  # "<experiment>/<trial>", from the event files' folder
+    scalars: Scalars  # steps as AReaL logs them: 0 is the first training step
+    start: float  # wall times of the first and last scalar, seconds since the epoch
+    end: float
 
 
-def load_run(run_dir: Path) -> dict[str, dict[int, float]]:
-    """Merge the scalars of every event file under `run_dir` (a resumed run writes several)."""
-    files = sorted(run_dir.rglob("events.out.tfevents.*"))
-    if not files:
+def read_run(run_dir: Path) -> Run:
+    folders = sorted({f.parent for f in run_dir.rglob("events.out.tfevents.*")})
+    if not folders:
         raise FileNotFoundError(
             f"no TensorBoard event files under {run_dir}; point plot.py at the folder set "
             "as stats_logger.tensorboard.path"
         )
-    merged: dict[str, dict[int, float]] = defaultdict(dict)
-    for f in files:
-        for tag, points in read_event_scalars(f).items():
-            merged[tag].update(points)
-    return merged
+    names = [f"{folder.parent.name}/{folder.name}" for folder in folders]
+    if len(folders) > 1:
+        raise ValueError(f"several runs under {run_dir} ({', '.join(names)}); pick one")
+    # 0 keeps every scalar (the default keeps a random 10,000 per tag). A resumed run appends
+    # a new file; when its steps restart below the last logged one, the accumulator drops the
+    # old run's later points, so each step keeps the value of the run that went on.
+    events = event_accumulator.EventAccumulator(
+        str(folders[0]), size_guidance={event_accumulator.SCALARS: 0}
+    ).Reload()
+    by_tag = {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+    wall_times = [e.wall_time for es in by_tag.values() for e in es]
+    wall_times = wall_times or [events.FirstEventTimestamp()]
+    return Run(
+        name=names[0],
+        scalars={tag: {e.step: e.value for e in es} for tag, es in by_tag.items()},
+        start=min(wall_times),
+        end=max(wall_times),
+    )
 
 
-def write_csv(scalars: dict[str, dict[int, float]], out: Path) -> None:
-    """One row per step, one column per metric: easy to read in any tool."""
+def load_run(run_dir: Path) -> Scalars:
+    """{tag: {step: value}} of the run under `run_dir`, steps as AReaL logs them (from 0)."""
+    return read_run(run_dir).scalars
+
+
+def by_training_step(scalars: Scalars) -> Scalars:
+    """AReaL's step 0 becomes step 1, as in the training log's `Train step 1/N`."""
+    return {tag: {step + 1: v for step, v in points.items()} for tag, points in scalars.items()}
+
+
+def all_steps(scalars: Scalars) -> list[int]:
+    return sorted({step for points in scalars.values() for step in points})
+
+
+def title(run: Run, steps: list[int]) -> str:
+    start, end = (datetime.fromtimestamp(t, timezone.utc) for t in (run.start, run.end))
+    when = f"{start:%Y-%m-%d %H:%M}"
+    until = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M}"
+    if until != f"{start:%H:%M}":
+        when += f" to {until}"
+    span = f"training steps {steps[0]}-{steps[-1]}" if steps else "no steps logged"
+    return f"{run.name}  ({span}, {when} UTC)"
+
+
+def ema(values: list[float]) -> list[float]:
+    """Exponential moving average over about 5% of the points (at least 5), debiased like
+    TensorBoard's smoothing so that it starts at the first value instead of at 0."""
+    weight = 1 - 2 / (max(5, len(values) // 20) + 1)
+    smoothed, average, norm = [], 0.0, 0.0
+    for value in values:
+        average = weight * average + (1 - weight) * value
+        norm = weight * norm + (1 - weight)
+        smoothed.append(average / norm)
+    return smoothed
+
+
+def draw_series(
+    ax: Axes, points: dict[int, float], label: str, style: dict, held_out: bool
+) -> None:
+    """Held-out points (few, every `evaluator.freq_steps`) as hollow markers on top, so that
+    training points on the same values still show; training points faint when there are
+    enough of them to draw their moving average instead."""
+    steps, values = zip(*sorted(points.items()))
+    line, marker = style["linestyle"], style["marker"]
+    kw = dict(color=style["color"], clip_on=False)  # points at 0 or 1 drawn over the frame
+    if held_out:
+        ax.plot(steps, values, marker, markerfacecolor="none", markeredgewidth=2, markersize=8,
+                label=label, zorder=5, **kw)  # fmt: skip
+    elif len(values) >= MIN_POINTS_TO_SMOOTH:
+        ax.plot(steps, values, "o", markersize=3, alpha=0.35, zorder=3, **kw)
+        ax.plot(steps, ema(list(values)), line, linewidth=2, label=f"{label} (moving average)",
+                zorder=4, **kw)  # fmt: skip
+    else:
+        ax.plot(steps, values, "o", linestyle=line, markersize=4, label=label, zorder=4, **kw)
+
+
+def figure(scalars: Scalars, suptitle: str) -> Figure:
+    """One panel per entry of PANELS; `scalars` numbered by training step (by_training_step)."""
+    fig = Figure(figsize=(14, 7.5), layout="constrained")
+    axes = fig.subplots(2, 3, sharex=True)
+    for ax, (panel, ylabel, top, metrics) in zip(axes.flat, PANELS):
+        for i, (metric, metric_label) in enumerate(metrics.items()):
+            for j, (prefix, source) in enumerate(SOURCES.items()):
+                points = scalars.get(f"{prefix}/{metric}")
+                if points:
+                    label = f"{source}, {metric_label}" if metric_label else source
+                    style = dict(color=f"C{2 * i + j}", **SERIES_STYLES[i])
+                    draw_series(ax, points, label, style, held_out=prefix == "eval-rollout")
+        values = [v for line in ax.lines for v in line.get_ydata()]
+        ax.set_ylim(0, top or (max([1.0, *values]) * 1.05))
+        ax.set_title(panel, pad=10)  # clear of the markers on the frame at 1
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+        if top is None:
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged in this run", ha="center", transform=ax.transAxes)
+    for ax in axes[-1]:
+        ax.set_xlabel("training step")
+    fig.suptitle(suptitle)
+    return fig
+
+
+def write_csv(scalars: Scalars, out: Path) -> None:
+    """One row per step, one column per metric. Values are float32 in the event files, so 7
+    significant digits are all they hold."""
     tags = sorted(scalars)
-    steps = sorted({s for points in scalars.values() for s in points})
     with out.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["step", *tags])
-        for step in steps:
-            writer.writerow([step, *(scalars[t].get(step, "") for t in tags)])
-
-
-def plot(scalars: dict[str, dict[int, float]], out: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for ax, (panel, tags) in zip(axes.flat, PANELS):
-        for tag in tags:
-            points = sorted(scalars.get(tag, {}).items())
-            if points:
-                steps, values = zip(*points)
-                ax.plot([s + 1 for s in steps], values, marker="o", markersize=3, label=tag)
-        ax.set_title(panel)
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+        for step in all_steps(scalars):
+            row = (f"{scalars[t][step]:.7g}" if step in scalars[t] else "" for t in tags)
+            writer.writerow([step, *row])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", type=Path, help="folder with TensorBoard event files")
+    parser.add_argument("run_dir", type=Path, help="folder of one run's TensorBoard event files")
     parser.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/curves.png)")
     args = parser.parse_args(argv)
     try:
-        scalars = load_run(args.run_dir)
-    except FileNotFoundError as e:
+        run = read_run(args.run_dir)
+    except (FileNotFoundError, ValueError) as e:
         print(f"plot.py: {e}", file=sys.stderr)
         return 2
+    scalars = by_training_step(run.scalars)
     out = args.out or args.run_dir / "curves.png"
     write_csv(scalars, out.with_suffix(".csv"))
-    plot(scalars, out, title=str(args.run_dir))
+    figure(scalars, title(run, all_steps(scalars))).savefig(out, dpi=120)
     print(f"wrote {out} and {out.with_suffix('.csv')} ({len(scalars)} metrics)")
     return 0
 

@@ -1,32 +1,150 @@
-"""plot.py: TensorBoard event files in, a CSV and a PNG out."""
+"""plot.py: TensorBoard event files (as AReaL writes them, with tensorboardX) in, a CSV and a
+PNG out."""
 
 import csv
+import math
+from datetime import datetime, timezone
 
+import numpy as np
 import pytest
 from tensorboardX import SummaryWriter
 
 import plot
 
+RATE_TAGS = ["rollout/reward", "rollout/success", "rollout/success_3nums", "rollout/success_4nums",
+             "rollout/format_ok", "rollout/truncated", "eval-rollout/success",
+             "eval-rollout/success_3nums", "eval-rollout/success_4nums"]  # fmt: skip
+WALL_TIME = datetime(2025, 3, 14, 9, 26, tzinfo=timezone.utc).timestamp()
+
+
+def write_run(folder, values, suffix=""):
+    """Event files as AReaL's StatsLogger writes them: values[step][tag], one minute a step."""
+    with SummaryWriter(str(folder), filename_suffix=suffix) as writer:
+        for step, row in values.items():
+            for tag, value in row.items():
+                writer.add_scalar(tag, value, step, walltime=WALL_TIME + 60 * step)
+
+
+def zero_run(tmp_path, steps=3):
+    """The CPU demo's picture: every rate 0 (a random model solves nothing) for 3 steps."""
+    tb_dir = tmp_path / "logs" / "tensorboard"
+    row = {**dict.fromkeys(RATE_TAGS, 0.0), "rollout/completion_len": 40.0}
+    write_run(tb_dir / "countdown-cpu-demo" / "demo", dict.fromkeys(range(steps), row))
+    return tb_dir
+
+
+def figure_of(monkeypatch, tb_dir):
+    """Run the CLI and keep the Figure it saved."""
+    figures, make_figure = [], plot.figure
+
+    def keep(*args):
+        figures.append(make_figure(*args))
+        return figures[-1]
+
+    monkeypatch.setattr(plot, "figure", keep)
+    assert plot.main([str(tb_dir)]) == 0
+    return figures[0]
+
+
+def panel(fig, title):
+    return next(ax for ax in fig.axes if ax.get_title() == title)
+
 
 def test_plot_writes_csv_and_png(tmp_path):
     run = tmp_path / "run"
-    with SummaryWriter(str(run / "logs")) as writer:
-        for step in range(4):
-            writer.add_scalar("rollout/reward", 0.1 * step, step)
-            writer.add_scalar("rollout/success", 0.05 * step, step)
-            if step % 2 == 0:
-                writer.add_scalar("eval-rollout/success", 0.2 * step, step)
+    values = {s: {"rollout/reward": 0.1 * s, "rollout/success": 0.05 * s} for s in range(4)}
+    for step in (0, 2):
+        values[step]["eval-rollout/success"] = 0.2 * step
+    write_run(run / "logs", values)
     assert plot.main([str(run)]) == 0
 
     with open(run / "curves.csv", newline="") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["step", "eval-rollout/success", "rollout/reward", "rollout/success"]
-    assert [r[0] for r in rows[1:]] == ["0", "1", "2", "3"]
+    assert [r[0] for r in rows[1:]] == ["1", "2", "3", "4"]  # AReaL's step 0 is training step 1
     assert float(rows[3][2]) == pytest.approx(0.2)
-    assert rows[2][1] == ""  # no eval at step 1
+    assert rows[2][1] == ""  # no eval at training step 2
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_without_event_files_exits_2(tmp_path, capsys):
     assert plot.main([str(tmp_path)]) == 2
     assert "no TensorBoard event files" in capsys.readouterr().err
+
+
+def test_plot_refuses_to_merge_two_runs(tmp_path, capsys):
+    write_run(tmp_path / "exp" / "a", {0: {"rollout/reward": 0.5}})
+    write_run(tmp_path / "exp" / "b", {0: {"rollout/reward": 0.7}})
+    assert plot.main([str(tmp_path)]) == 2
+    assert "several runs" in capsys.readouterr().err
+
+
+def test_load_run_round_trips_values_at_the_logged_steps(tmp_path):
+    values = {s: {"rollout/reward": 0.1 * s + 0.01, "timeperf/rollout": 12.5 * s} for s in range(9)}
+    write_run(tmp_path / "exp" / "trial", values)
+    scalars = plot.load_run(tmp_path)
+    assert sorted(scalars) == ["rollout/reward", "timeperf/rollout"]
+    for tag, points in scalars.items():
+        assert points == pytest.approx({s: row[tag] for s, row in values.items()}, rel=1e-6)
+
+
+def test_load_run_keeps_every_point_of_a_long_run(tmp_path):
+    write_run(tmp_path, {step: {"rollout/reward": 0.5} for step in range(10_050)})
+    assert sorted(plot.load_run(tmp_path)["rollout/reward"]) == list(range(10_050))
+
+
+def test_resumed_run_takes_the_values_of_the_run_that_went_on(tmp_path):
+    """A run killed after logging step 5 and resumed from its step-3 checkpoint logs steps 4-5
+    again, into a second event file."""
+    write_run(tmp_path, {step: {"rollout/reward": 0.0} for step in range(6)}, suffix=".1")
+    write_run(tmp_path, {step: {"rollout/reward": 1.0} for step in range(4, 8)}, suffix=".2")
+    rewards = plot.load_run(tmp_path)["rollout/reward"]
+    assert rewards == {0: 0, 1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1, 7: 1}
+
+
+def test_every_panel_has_labelled_axes_and_integer_steps(tmp_path, monkeypatch):
+    fig = figure_of(monkeypatch, zero_run(tmp_path))
+    assert len(fig.axes) == len(plot.PANELS)
+    for ax in fig.axes:
+        assert ax.get_ylabel()
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(t == int(t) for t in ticks)
+    assert {ax.get_xlabel() for ax in fig.axes[-3:]} == {"training step"}
+
+
+def test_rate_panels_span_0_to_1_even_when_every_value_is_0(tmp_path, monkeypatch):
+    fig = figure_of(monkeypatch, zero_run(tmp_path))
+    for title in ["reward", "success", "success by number count", "<think><answer> format",
+                  "cut at max_new_tokens"]:
+        assert panel(fig, title).get_ylim() == (0, 1)
+    assert panel(fig, "completion length").get_ylim()[0] == 0
+
+
+def test_title_names_the_run_and_its_date_not_the_folder(tmp_path, monkeypatch):
+    fig = figure_of(monkeypatch, zero_run(tmp_path))
+    title = fig.get_suptitle()
+    assert "countdown-cpu-demo/demo" in title
+    assert "2025-03-14 09:26 to 09:28 UTC" in title
+    assert str(tmp_path) not in title
+
+
+def test_csv_steps_are_the_steps_on_the_x_axis(tmp_path, monkeypatch):
+    tb_dir = zero_run(tmp_path)
+    fig = figure_of(monkeypatch, tb_dir)
+    with open(tb_dir / "curves.csv", newline="") as f:
+        csv_steps = [int(row["step"]) for row in csv.DictReader(f)]
+    assert csv_steps == [1, 2, 3]
+    for ax in fig.axes:
+        for line in ax.lines:
+            assert list(line.get_xdata()) == csv_steps
+
+
+def test_noisy_metric_gets_a_smoothed_line_over_its_points(tmp_path, monkeypatch):
+    noisy = {step: {"rollout/reward": 0.3 + 0.2 * math.sin(step * 2.0)} for step in range(30)}
+    write_run(tmp_path / "exp" / "trial", noisy)
+    raw, smoothed = panel(figure_of(monkeypatch, tmp_path), "reward").lines
+    assert list(raw.get_xdata()) == list(smoothed.get_xdata()) == list(range(1, 31))
+    assert smoothed.get_label() == "training (moving average)"
+    assert np.ptp(smoothed.get_ydata()) < np.ptp(raw.get_ydata()) / 2
+    assert min(raw.get_ydata()) <= min(smoothed.get_ydata())
+    assert max(smoothed.get_ydata()) <= max(raw.get_ydata())
