@@ -81,7 +81,7 @@ def sft_phase(args: argparse.Namespace) -> None:
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
     ]  # fmt: skip
-    env = demo.trainer_env("", demo.sglang_metadata_stub(args.work / "sglang-stub"))
+    env = demo.trainer_env("")
     start = time.time()
     cmd = demo.trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
     run(cmd, log=args.work / "sft.log", env=env)

@@ -287,7 +287,7 @@ def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, 
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # closed again before anyone connects
     overrides = demo.cpu_overrides(tmp_path, tiny_model_dir, data_dir, steps=1) + ["+rollout.setup_timeout=3"]
-    env = demo.trainer_env(dead, demo.sglang_metadata_stub(tmp_path / "sglang-stub"))
+    env = demo.trainer_env(dead)
     proc = subprocess.Popen(
         demo.trainer_command(overrides), cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,

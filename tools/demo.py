@@ -1,14 +1,21 @@
 """The CPU demo: the whole training loop on a laptop-class machine, no GPU, no downloads.
 
-    python3 -m tools.demo            (what `make demo` runs)
+    python3 -m tools.demo [--launcher single|local]      (what `make demo LAUNCHER=...` runs)
 
 It builds a small Countdown dataset and a tiny Qwen2-architecture model with the project's
-own tokenizer, starts the development inference server (tools/dev_server.py, speaking the
-SGLang HTTP protocol), and runs the production entry point exactly as AReaL's SPMD launcher
-would (`torchrun train.py --config train_config.yaml <overrides>` with AREAL_SPMD_MODE=1),
-with the CPU overrides below. The model starts from random weights, so its reward stays near
+own tokenizer, then runs the command a user runs, with the CPU overrides below:
+
+    single  python3 train.py --config train_config.yaml scheduler.type=local ...   (default)
+    local   python3 -m areal.infra.launcher.local train.py --config train_config.yaml ...
+
+AReaL starts everything itself (RPC workers, rollout server, trainer). The one difference
+from a GPU machine is tools/sglang_seam on PYTHONPATH: the rollout server AReaL starts is the
+dev server instead of SGLang. The model starts from random weights, so its reward stays near
 zero: the demo shows that every part of the loop runs, not that a tiny model learns (see
 docs/results.md for that).
+
+`trainer_launch` and friends run train.py as the SPMD launcher's trainer against a dev server
+the caller started (the learning runs and a few tests use that).
 """
 
 from __future__ import annotations
@@ -28,14 +35,56 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cpu_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> list[str]:
-    """How train_config.yaml (8 GPUs, Qwen2.5-3B) is shrunk to one CPU process."""
+SEAM = ROOT / "tools" / "sglang_seam"
+LAUNCHERS = ("single", "local")
+
+
+def user_command(launcher: str) -> list[str]:
+    """The README's training command for `launcher`, before any override."""
+    entry = {
+        "single": ["train.py", "--config", "train_config.yaml", "scheduler.type=local"],
+        "local": ["-m", "areal.infra.launcher.local", "train.py", "--config", "train_config.yaml"],
+    }[launcher]
     return [
-        "experiment_name=countdown-cpu-demo",
-        "trial_name=demo",
+        sys.executable, *entry, "experiment_name=countdown-grpo", "trial_name=trial1",
+        "actor.path=Qwen/Qwen2.5-3B-Instruct", "train_dataset.path=data/countdown/qwen/train_e.jsonl",
+        "valid_dataset.path=data/countdown/qwen/test_e.jsonl", "stats_logger.wandb.mode=online",
+    ]  # fmt: skip
+
+
+def launcher_overrides(launcher: str) -> list[str]:
+    """What a launcher needs beyond cpu_overrides on this machine."""
+    if launcher == "local":
+        # AReaL's local launcher takes a finished trainer for a failed one and starts it
+        # again recover.retries times (docs/areal-bugs.md); a demo has nothing to recover.
+        return ["recover.retries=0"]
+    return []
+
+
+def seam_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment with the dev server in SGLang's place (tools/sglang_seam).
+
+    AReaL starts servers and trainers with a bare `python3` / `torchrun`, so this
+    interpreter's bin folder (the project's .venv) goes first on PATH.
+    """
+    pythonpath = [str(SEAM), os.environ.get("PYTHONPATH", "")]
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
+        # torch.compile of AReaL's log-prob kernels costs ~1 min on CPU, same numbers.
+        "TORCHDYNAMO_DISABLE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(extra or {}),
+    }
+
+
+def cpu_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> list[str]:
+    """How train_config.yaml (8 GPUs, Qwen2.5-3B) is shrunk to one CPU machine."""
+    return [
         f"cluster.fileroot={run_dir}",
         f"cluster.name_resolve.nfs_record_root={run_dir}/name_resolve",
-        "cluster.n_gpus_per_node=0",
+        "cluster.n_gpus_per_node=1",
         "allocation_mode=sglang:d1p1t1+fsdp:d1p1t1",
         "rollout.backend=sglang:d1p1t1",
         "actor.backend=fsdp:d1p1t1",
@@ -84,40 +133,12 @@ def trainer_command(
     ]  # fmt: skip
 
 
-# The SGLang release whose HTTP protocol tools/dev_server.py speaks.
-EMULATED_SGLANG = "0.5.10.post1"
+def trainer_env(server_addr: str) -> dict[str, str]:
+    """The SPMD launcher's trainer environment, pointed at a server the caller started."""
+    return seam_env({"AREAL_SPMD_MODE": "1", "AREAL_LLM_SERVER_ADDRS": server_addr})
 
 
-def sglang_metadata_stub(root: Path) -> Path:
-    """A folder holding only the package metadata of SGLang, for PYTHONPATH.
-
-    Why: PPOTrainer builds SGLang server arguments even when it launches no server (SPMD
-    mode) and refuses to start unless `importlib.metadata` reports sglang >= 0.5.10.post1.
-    Here the dev server stands in for SGLang, so the trainer's environment declares the
-    version it emulates. No `sglang` module is created: nothing can import it.
-    """
-    dist_info = root / f"sglang-{EMULATED_SGLANG}.dist-info"
-    dist_info.mkdir(parents=True, exist_ok=True)
-    (dist_info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: sglang\nVersion: {EMULATED_SGLANG}\n"
-    )
-    return root
-
-
-def trainer_env(server_addr: str, sglang_stub: Path) -> dict[str, str]:
-    pythonpath = [str(sglang_stub), os.environ.get("PYTHONPATH", "")]
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
-        "AREAL_SPMD_MODE": "1",
-        "AREAL_LLM_SERVER_ADDRS": server_addr,
-        # torch.compile of AReaL's log-prob kernels costs ~1 min on CPU, same numbers.
-        "TORCHDYNAMO_DISABLE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error")
+PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place")
 
 
 def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None) -> bool:
@@ -177,8 +198,7 @@ def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tup
     new trainer has written it. Returns the command and its environment.
     """
     shutil.rmtree(run_dir / "name_resolve", ignore_errors=True)
-    env = trainer_env(server_addr, sglang_metadata_stub(run_dir / "sglang-stub"))
-    return trainer_command(overrides), env
+    return trainer_command(overrides), trainer_env(server_addr)
 
 
 def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path,
@@ -203,27 +223,48 @@ def summary(tensorboard_dir: Path, seconds: float) -> str:
     )
 
 
+def run_user_command(launcher: str, run_dir: Path, overrides: list[str], time_limit: float) -> None:
+    """The README's command for `launcher` with `overrides`; raises unless every step ran.
+
+    The local launcher exits 1 even after a complete run (docs/areal-bugs.md), so success is
+    read from what the run wrote: a log line for its last step.
+    """
+    (run_dir / "name_resolve").mkdir(parents=True, exist_ok=True)  # the launchers require it
+    cmd = [*user_command(launcher), *overrides, *launcher_overrides(launcher)]
+    log_path = run_dir / "train.log"
+    print(f"[demo] {' '.join(cmd[1:])}", flush=True)
+    try:
+        expired = run_trainer(cmd, seam_env(), log_path, time_limit)
+    except RuntimeError:
+        if launcher != "local":
+            raise
+        expired = False
+    steps = next(o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps="))
+    if expired or f"Train step {steps}/" not in log_path.read_text():
+        raise RuntimeError(f"training did not reach step {steps} within {time_limit:.0f} s; see {log_path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the whole GRPO loop on CPU.")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "cpu-demo")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="single")
+    parser.add_argument("--time-limit", type=float, default=900, help="seconds before the run is stopped")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from tools import dev_server
 
     start = time.time()
     run_dir = args.run_dir.resolve()
     shutil.rmtree(run_dir, ignore_errors=True)  # a demo always starts from step 0
     data_dir, model_dir = run_dir / "data", run_dir / "model"
-    run_step("1/4 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir),
+    run_step("1/3 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir),
                              "--train-size", "2000", "--test-size", "32"])  # fmt: skip
-    run_step("2/4 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
+    run_step("2/3 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
                                 "--out", str(model_dir), "--preset", "tiny"])  # fmt: skip
-    print("[demo] 3/4 inference server", flush=True)
-    with dev_server.serve(str(model_dir), log_file=run_dir / "server.log") as addr:
-        print(f"[demo] 4/4 training against {addr} (full log: {run_dir / 'train.log'})")
-        overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps)
-        launch_trainer(run_dir, overrides, addr, run_dir / "train.log")
+    print(f"[demo] 3/3 training, launcher {args.launcher} (full log: {run_dir / 'train.log'})", flush=True)
+    overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps) + [
+        f"actor.path={model_dir}", "stats_logger.wandb.mode=disabled",
+    ]  # fmt: skip
+    run_user_command(args.launcher, run_dir, overrides, args.time_limit)
     tensorboard_dir = run_dir / "logs" / "tensorboard"
     subprocess.run([sys.executable, "plot.py", str(tensorboard_dir),
                     "--out", str(run_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip

@@ -136,6 +136,9 @@ UNSUPPORTED_ENDPOINTS = (
 # request parsing
 
 
+FINGERPRINT_TOKENS = 16  # length of the fixed sequence Engine.fingerprint scores
+
+
 class BadRequest(ValueError):
     """A request the server rejects with HTTP 400."""
 
@@ -328,6 +331,16 @@ class Engine:
         model.eval()
         model.requires_grad_(False)
         return model
+
+    def fingerprint(self, model) -> float:
+        """Mean log-prob the model gives a fixed token sequence: logged at every load, so a
+        run's log shows that each weight push changed what the server computes."""
+        import torch
+
+        ids = torch.arange(FINGERPRINT_TOKENS, device=self.device)[None] % model.config.vocab_size
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).mean().item()
 
     # -- generation -------------------------------------------------------------
 
@@ -935,12 +948,13 @@ def create_app(engine: Engine, scheduler: Scheduler):
             except Exception as e:
                 logger.warning("update_weights_from_disk(%s) failed: %s", path, e)
                 return error(400, f"failed to load weights from {path}: {e}", success=False)
+            fingerprint = await asyncio.to_thread(engine.fingerprint, model)
             n = await asyncio.to_thread(
                 scheduler.swap_model, model, bool(data.get("abort_all_requests", False)),
                 data.get("weight_version"))
             logger.info("loaded weights from %s in %.2fs (weight_version=%s, %d running "
-                        "requests affected)", path, time.perf_counter() - t0,
-                        scheduler.weight_version, n)
+                        "requests affected, fingerprint=%.6f)", path, time.perf_counter() - t0,
+                        scheduler.weight_version, n, fingerprint)
             return reply({"success": True, "message": f"loaded weights from {path}",
                           "num_paused_requests": n, "weight_version": scheduler.weight_version})
 
@@ -1074,8 +1088,9 @@ def main(argv: list[str] | None = None) -> int:
                     step_delay_s=args.step_delay_ms / 1000, decoder=args.decoder,
                     max_batch=args.max_batch, static_max_len=args.static_max_len)
     n_params = sum(p.numel() for p in engine.model.parameters())
-    logger.info("loaded %s (%.2f M params) on %s/%s in %.1fs", args.model, n_params / 1e6,
-                device, args.dtype, time.perf_counter() - t0)
+    logger.info("loaded %s (%.2f M params) on %s/%s in %.1fs (fingerprint=%.6f)", args.model,
+                n_params / 1e6, device, args.dtype, time.perf_counter() - t0,
+                engine.fingerprint(engine.model))
     scheduler = Scheduler(engine, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000)
     scheduler.start()
     app = create_app(engine, scheduler)
