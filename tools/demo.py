@@ -21,6 +21,7 @@ the caller started (the learning runs and a few tests use that).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +61,12 @@ def launcher_overrides(launcher: str) -> list[str]:
         # again recover.retries times (docs/areal-bugs.md); a demo has nothing to recover.
         return ["recover.retries=0"]
     return []
+
+
+@contextlib.contextmanager
+def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
+    """The cluster a launcher submits to, up for the run; yields the environment to add."""
+    yield {}
 
 
 def seam_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -233,12 +241,13 @@ def run_user_command(launcher: str, run_dir: Path, overrides: list[str], time_li
     cmd = [*user_command(launcher), *overrides, *launcher_overrides(launcher)]
     log_path = run_dir / "train.log"
     print(f"[demo] {' '.join(cmd[1:])}", flush=True)
-    try:
-        expired = run_trainer(cmd, seam_env(), log_path, time_limit)
-    except RuntimeError:
-        if launcher != "local":
-            raise
-        expired = False
+    with launcher_cluster(launcher, run_dir) as cluster_env:
+        try:
+            expired = run_trainer(cmd, seam_env(cluster_env), log_path, time_limit)
+        except RuntimeError:
+            if launcher != "local":
+                raise
+            expired = False
     steps = next(o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps="))
     if expired or f"Train step {steps}/" not in log_path.read_text():
         raise RuntimeError(f"training did not reach step {steps} within {time_limit:.0f} s; see {log_path}")
