@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE  # noqa: E402
 from countdown import generate_puzzles  # noqa: E402
 from reward_score import compute_score  # noqa: E402
 
@@ -98,19 +99,6 @@ def throughput(fns: list, corpus: list[tuple[str, dict]], repeats: int) -> list[
     return [len(corpus) / t for t in best]
 
 
-ADVERSARIAL = {
-    "10 MB of text, no tags": "x" * 10_000_000,
-    "10 MB inside one answer": "<answer>" + "1 + " * 2_500_000 + "1</answer>",
-    "100k nested parentheses": "<answer>" + "(" * 100_000 + "1 + 2 + 3" + ")" * 100_000 + "</answer>",
-    "100k <answer> tags": "<answer>" * 100_000 + "1 + 2 + 3</answer>",
-    "100k </answer> tags": "<answer>1 + 2 + 3" + "</answer>" * 100_000,
-    "100k answer blocks": "<answer>1 + 2</answer>" * 100_000,
-    "1 MB of NUL bytes in answer": "<answer>" + "\x00" * 1_000_000 + "</answer>",
-    "9**9**9 (power tower)": "<answer>9**9**9</answer>",
-}
-BASELINE_UNSAFE = {"9**9**9 (power tower)"}  # eval would compute 9**387420489: minutes and GBs
-
-
 def worst_time(fn, text: str, ground_truth: dict, runs: int = 5) -> float:
     worst = 0.0
     for _ in range(runs):
@@ -118,6 +106,24 @@ def worst_time(fn, text: str, ground_truth: dict, runs: int = 5) -> float:
         fn(text, ground_truth)
         worst = max(worst, time.perf_counter() - start)
     return worst
+
+
+def baseline_cell(text: str, ground_truth: dict) -> str:
+    """The baseline's column: its time, or why there is none. Two kinds of text are
+    not run: power towers such as 9**9**9, which eval computes in full (minutes and
+    GBs), and `<answer>` tags left open after the last `</answer>`, from each of which
+    its lazy regex scans to the end: quadratic, about 1 s per 2e8 (open tags x chars)
+    (100k tags in 800 kB took 8 minutes). A number of over 4,300 digits makes its
+    int() raise, outside its try."""
+    if "**" in text:
+        return "not run: hangs"
+    tail = text[text.rfind("</answer>") + 1 :]
+    if tail.count("<answer>") * len(tail) > 10**9:  # 5 s or more
+        return "not run: quadratic"
+    try:
+        return f"{worst_time(baseline_compute_score, text, ground_truth, runs=1) * 1e3:.2f} ms"
+    except ValueError:
+        return "raises ValueError"
 
 
 def main() -> None:
@@ -141,11 +147,9 @@ def main() -> None:
     print("\n## Worst case on adversarial inputs (max of 5 runs)\n")
     print("| input | size | reward_score | regex + eval baseline |")
     print("|---|---:|---:|---:|")
-    ground_truth = {"target": 6, "nums": [1, 2, 3]}
-    for name, text in ADVERSARIAL.items():
-        ms = worst_time(compute_score, text, ground_truth) * 1e3
-        base_ms = "not run: hangs" if name in BASELINE_UNSAFE else f"{worst_time(baseline_compute_score, text, ground_truth, runs=1) * 1e3:.2f} ms"
-        print(f"| {name} | {len(text):,} chars | {ms:.2f} ms | {base_ms} |")
+    for name, text in HOSTILE_COMPLETIONS.items():
+        ms = worst_time(compute_score, text, PUZZLE) * 1e3
+        print(f"| {name} | {len(text):,} chars | {ms:.2f} ms | {baseline_cell(text, PUZZLE)} |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
 from reward_score import (
     MAX_ANSWER_CHARS,
     Verdict,
@@ -203,26 +204,11 @@ def test_format(completion, ok):
 # -----------------------------------------------------------------------------
 # hostile inputs: never raise, never slow
 
-HOSTILE = {
-    "10 MB of text": "x" * 10_000_000,
-    "10 MB answer": "<answer>" + "1 + " * 2_500_000 + "1</answer>",
-    "100k nested parens": "<answer>" + "(" * 100_000 + "1 + 2 + 3" + ")" * 100_000 + "</answer>",
-    "100k open tags": "<answer>" * 100_000 + "1 + 2 + 3</answer>",
-    "100k close tags": "<answer>1 + 2 + 3" + "</answer>" * 100_000,
-    "100k tag pairs": "<answer>1</answer>" * 100_000,
-    "100k unclosed tags": "<answer>1 + 2 + 3</answer>" + "<answer>" * 100_000,
-    "huge number": "<answer>" + "9" * 5000 + "</answer>",
-    "power tower": "<answer>9**9**9**9**9</answer>",
-    "NUL bytes": "<answer>\x00" * 1000 + "</answer>",
-    "surrogates": "<think>\ud800\udfff</think><answer>\udc00</answer>",
-}
-
-
-@pytest.mark.parametrize("name", HOSTILE)
+@pytest.mark.parametrize("name", HOSTILE_COMPLETIONS)
 def test_hostile_inputs_are_fast_and_safe(name):
-    text = HOSTILE[name]
+    text = HOSTILE_COMPLETIONS[name]
     start = time.perf_counter()
-    score = compute_score(text, ONE_TWO_THREE)
+    score = compute_score(text, PUZZLE)
     has_think_answer_format(text)
     elapsed = time.perf_counter() - start
     assert score in (0.0, 0.1, 1.0)
