@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
 
-from reward_score import Verdict, judge, parse_expression
+from reward_score import Verdict, judge, parse_expression, puzzle_problem
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. You first think about the reasoning process in the mind "
@@ -358,11 +358,10 @@ def _row_problem(row: object) -> str | None:
     for key in ("nums", "target", "solution", "messages"):
         if key not in row:
             return f"missing key {key!r}"
-    nums, target, solution, messages = row["nums"], row["target"], row["solution"], row["messages"]
-    if not (isinstance(nums, list) and nums and all(_is_int(x) and x >= 0 for x in nums)):
-        return f"'nums' must be a non-empty list of non-negative integers, got {nums!r}"
-    if not _is_int(target):
-        return f"'target' must be an integer, got {target!r}"
+    solution, messages = row["solution"], row["messages"]
+    problem = puzzle_problem(row["nums"], row["target"])
+    if problem is not None:
+        return problem
     if not isinstance(solution, str):
         return f"'solution' must be a string, got {solution!r}"
     verdict = judge(f"<answer>{solution}</answer>", row)
@@ -375,10 +374,6 @@ def _row_problem(row: object) -> str | None:
     ):
         return "'messages' must be a non-empty list of {'role': str, 'content': str} objects"
     return None
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 # -----------------------------------------------------------------------------
@@ -451,12 +446,7 @@ def _read_tasks(path: str) -> list[tuple[list[int], int]]:
     for i, record in enumerate(records, 1):
         nums = record.get("nums") if isinstance(record, dict) else None
         target = record.get("target") if isinstance(record, dict) else None
-        if not (
-            isinstance(nums, list)
-            and SUPPORTED_NUMBERS[0] <= len(nums) <= SUPPORTED_NUMBERS[1]
-            and all(_is_int(x) and x >= 0 for x in nums)
-            and _is_int(target)
-        ):
+        if puzzle_problem(nums, target) is not None or not SUPPORTED_NUMBERS[0] <= len(nums) <= SUPPORTED_NUMBERS[1]:
             raise DataError(f"{path}: {where} {i}: need 'nums' (2 to 6 non-negative integers) and an integer 'target', got {record!r}")
         tasks.append((nums, target))
     if not tasks:

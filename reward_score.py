@@ -45,6 +45,7 @@ _TOKEN = re.compile(r"[0-9]+|[-+*/()]")
 _RESULT = re.compile(rf"[{_WS}]*[0-9]+[{_WS}]*")  # the "65" in "... = 65"
 _TARGET_STR = re.compile(r"[+-]?[0-9]+(?:\.0*)?")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+_INT_ONLY = frozenset({int})  # the element types of valid 'nums'; built once, checked for every completion
 
 
 class Verdict(StrEnum):
@@ -236,8 +237,23 @@ def _evaluate(postfix: list[str]) -> int | Fraction | None:
     return stack[0]
 
 
+def puzzle_problem(nums: object, target: object) -> str | None:
+    """What is wrong with a puzzle's numbers and target, or None if nothing is.
+
+    The one statement of the rule, for the reward (after it converts lenient forms
+    such as numpy integers or "24") and for countdown's file loaders (which take JSON
+    values as they are): `nums` is a non-empty list of non-negative integers and
+    `target` an integer, both of type int exactly, so bool, float and str are refused."""
+    if not (isinstance(nums, list) and {*map(type, nums)} == _INT_ONLY and min(nums) >= 0):
+        return f"'nums' must be a non-empty list of non-negative integers, got {nums!r}"
+    if type(target) is not int:
+        return f"'target' must be an integer, got {target!r}"
+    return None
+
+
 def _parse_ground_truth(ground_truth: Mapping) -> tuple[int, list[int]]:
-    """(target, numbers) from a data row, validated."""
+    """(target, numbers) from a data row, validated by `puzzle_problem`; lenient forms
+    are converted only when the row fails as it is, so JSON rows take one check."""
     try:
         target = ground_truth["target"]
         nums = ground_truth["nums"] if "nums" in ground_truth else ground_truth["numbers"]
@@ -245,20 +261,24 @@ def _parse_ground_truth(ground_truth: Mapping) -> tuple[int, list[int]]:
         raise ValueError(
             f"ground_truth must be a mapping with 'target' and 'nums' (or 'numbers'), got {ground_truth!r}"
         ) from e
-    if type(target) is not int:
-        target = _as_int(target, "target")
-    if type(nums) is list and {*map(type, nums)} == {int}:  # rows read from JSON: the fast path
-        values = nums
-    else:
-        try:
-            if isinstance(nums, (str, bytes)):
-                raise TypeError
-            values = [_as_int(n, "each number") for n in nums]
-        except TypeError as e:
-            raise ValueError(f"ground_truth 'nums' must be an iterable of integers, got {nums!r}") from e
-    if not values or min(values) < 0:
-        raise ValueError(f"ground_truth 'nums' must be non-empty and non-negative, got {nums!r}")
-    return target, values
+    if puzzle_problem(nums, target) is None:
+        return target, nums
+    target, nums = _as_int(target, "target"), _as_ints(nums)
+    problem = puzzle_problem(nums, target)
+    if problem is not None:
+        raise ValueError(f"ground_truth {problem}")
+    return target, nums
+
+
+def _as_ints(nums: object) -> list[int]:
+    """An iterable of integer-valued items -> list of int; anything else -> ValueError.
+    A string is refused although it iterates: "123" is no list of numbers."""
+    try:
+        if isinstance(nums, (str, bytes)):
+            raise TypeError
+        return [_as_int(n, "each number") for n in nums]
+    except TypeError as e:
+        raise ValueError(f"ground_truth 'nums' must be an iterable of integers, got {nums!r}") from e
 
 
 def _as_int(value: object, what: str) -> int:

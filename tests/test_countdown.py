@@ -204,6 +204,20 @@ def test_load_puzzles_names_file_and_line(tmp_path, bad, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "nums, target", [([], 6), ([1, 2, -3], 6), ([1, 2, "x"], 6), ([True, 2, 3], 6), ([1, 2, 3], 6.5), ([1, 2, 3], True)]
+)
+def test_numbers_and_target_refused_alike_by_loaders_and_reward(tmp_path, nums, target):
+    """One rule (reward_score.puzzle_problem): what the reward refuses even after
+    converting lenient forms, loading and converting refuse too."""
+    with pytest.raises(ValueError):
+        compute_score("<answer>1 + 2 + 3</answer>", {"nums": nums, "target": target})
+    with pytest.raises(DataError, match=r"rows\.jsonl:1: '(nums|target)' must be"):
+        load_puzzles(write_lines(tmp_path / "rows.jsonl", [{**GOOD, "nums": nums, "target": target}]))
+    with pytest.raises(DataError, match="line 1: need 'nums'"):
+        countdown.convert_countdown_tasks(write_lines(tmp_path / "tasks.jsonl", [{"nums": nums, "target": target}]))
+
+
 def test_load_puzzles_missing_empty_and_binary(tmp_path):
     with pytest.raises(DataError, match=r"no such file; run `python3 countdown\.py`"):
         load_puzzles(str(tmp_path / "absent.jsonl"))
