@@ -38,10 +38,9 @@ import random
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from fractions import Fraction
 from pathlib import Path
 
-from reward_score import Verdict, judge, parse_expression, puzzle_problem
+from reward_score import Step, Verdict, evaluate, judge, parse_expression, puzzle_problem
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. You first think about the reasoning process in the mind "
@@ -114,21 +113,15 @@ def reference_completion(row: dict) -> str:
 
 
 def solution_steps(solution: str) -> list[str]:
-    """'(1 + 2) * 3' -> ['1 + 2 = 3', '3 * 3 = 9']: one line per operation."""
+    """'(1 + 2) * 3' -> ['1 + 2 = 3', '3 * 3 = 9']: one line per operation, worked out
+    by the reward's own parser and evaluator, so the reasoning shown in a reference
+    completion is the arithmetic that scores it. ValueError for anything the reward
+    would call an invalid expression, division by zero included."""
     postfix = parse_expression(solution)
-    if postfix is None:
+    steps: list[Step] = []
+    if postfix is None or evaluate(postfix, steps) is None:
         raise ValueError(f"not a valid Countdown expression: {solution!r}")
-    stack: list[Fraction] = []
-    steps = []
-    for token in postfix:
-        if token not in ("+", "-", "*", "/"):
-            stack.append(Fraction(int(token)))
-            continue
-        b, a = stack.pop(), stack.pop()
-        value = a + b if token == "+" else a - b if token == "-" else a * b if token == "*" else a / b
-        steps.append(f"{a} {token} {b} = {value}")
-        stack.append(value)
-    return steps
+    return [f"{a} {op} {b} = {value}" for a, op, b, value in steps]
 
 
 # -----------------------------------------------------------------------------

@@ -47,6 +47,8 @@ _TARGET_STR = re.compile(r"[+-]?[0-9]+(?:\.0*)?")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 _INT_ONLY = frozenset({int})  # the element types of valid 'nums'; built once, checked for every completion
 
+Step = tuple[int | Fraction, str, int | Fraction, int | Fraction]  # (left, operator, right, value)
+
 
 class Verdict(StrEnum):
     """Why a completion got its score; evaluation buckets failures by these."""
@@ -105,7 +107,7 @@ def judge(solution_str: object, ground_truth: Mapping) -> Verdict:
     # so equal strings mean equal numbers).
     if sorted(literals) != sorted(map(str, nums)):
         return Verdict.WRONG_NUMBERS
-    value = _evaluate(postfix)
+    value = evaluate(postfix)
     if value is None:
         return Verdict.INVALID_EXPRESSION  # division by zero
     return Verdict.CORRECT if value == target else Verdict.WRONG_VALUE
@@ -214,9 +216,12 @@ def _drop_result(expr: str) -> str:
     return head if equals and _RESULT.fullmatch(tail) else expr
 
 
-def _evaluate(postfix: list[str]) -> int | Fraction | None:
-    """Exact value, or None on division by zero. Stays in plain ints (fast) and
-    switches to Fraction only at an inexact division; the length cap bounds sizes."""
+def evaluate(postfix: list[str], steps: list[Step] | None = None) -> int | Fraction | None:
+    """Exact value of `parse_expression`'s output, or None on division by zero. Stays
+    in plain ints (fast) and switches to Fraction only at an inexact division; the
+    length cap bounds sizes. Each operation is appended to `steps` when it is given,
+    so that a solution can be explained in the very arithmetic that scores it
+    (countdown.solution_steps)."""
     stack: list[int | Fraction] = []
     for token in postfix:
         if token not in _PRECEDENCE:
@@ -225,15 +230,18 @@ def _evaluate(postfix: list[str]) -> int | Fraction | None:
         b = stack.pop()
         a = stack.pop()
         if token == "+":
-            stack.append(a + b)
+            value = a + b
         elif token == "-":
-            stack.append(a - b)
+            value = a - b
         elif token == "*":
-            stack.append(a * b)
+            value = a * b
         elif b == 0:
             return None
         else:
-            stack.append(a // b if a % b == 0 else Fraction(a) / b)
+            value = a // b if a % b == 0 else Fraction(a) / b
+        stack.append(value)
+        if steps is not None:
+            steps.append((a, token, b, value))
     return stack[0]
 
 

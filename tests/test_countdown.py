@@ -82,6 +82,9 @@ def test_reference_completion_scores_full_marks():
         assert completion.endswith(f"<answer>{row['solution']}</answer>")
     assert countdown.solution_steps("(1 + 2) * 3") == ["1 + 2 = 3", "3 * 3 = 9"]
     assert countdown.solution_steps("8 / (3 - 8 / 3)") == ["8 / 3 = 8/3", "3 - 8/3 = 1/3", "8 / 1/3 = 24"]
+    for invalid in ("1 ** 2", "1 / (2 - 2)"):  # what the reward calls an invalid expression
+        with pytest.raises(ValueError, match="not a valid Countdown expression"):
+            countdown.solution_steps(invalid)
 
 
 # -----------------------------------------------------------------------------
