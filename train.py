@@ -22,9 +22,10 @@ from transformers import PreTrainedTokenizerFast
 
 import areal_patches
 import countdown
+from areal_patches import clean_exit, config_errors, server_watchdog
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
-from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, load_expr_config
+from areal.api.cli_args import GenerationHyperparameters, GRPOConfig
 from areal.utils import stats_tracker
 from areal.utils.hf_utils import load_hf_tokenizer
 from reward_score import compute_score, has_think_answer_format
@@ -108,6 +109,9 @@ class CountDownConfig(GRPOConfig):
     skip_uniform_groups: bool = field(
         default=False, metadata={"help": "train only on puzzles whose completions got different rewards"}
     )
+    server_health_grace: float = field(
+        default=60.0, metadata={"help": "seconds a rollout server may not answer before the run stops (0: never)"}
+    )
 
 
 def load_split(path: str) -> Dataset:
@@ -140,7 +144,7 @@ def start_trainer(config: GRPOConfig, train_set: Dataset, valid_set: Dataset) ->
 
 def main(argv: list[str]) -> None:
     areal_patches.install()  # in this process: the trainer under the SPMD launchers
-    config, _ = load_expr_config(argv, CountDownConfig)
+    config, _ = config_errors.load_config(argv, CountDownConfig, "train.py")
     try:
         check_model_path(config.actor.path)
         train_set = load_split(config.train_dataset.path)
@@ -148,7 +152,8 @@ def main(argv: list[str]) -> None:
     except (countdown.DataError, FileNotFoundError) as e:
         raise SystemExit(f"train.py: {e}") from None
     tokenizer_path = config.tokenizer_path
-    with start_trainer(config, train_set, valid_set) as trainer:
+    with clean_exit.no_process_left(), start_trainer(config, train_set, valid_set) as trainer:
+        server_watchdog.watch_rollout_servers(trainer, config.server_health_grace)
         trainer.train(
             workflow="train.CountDownWorkflow",
             workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path),

@@ -5,6 +5,10 @@
 | `packed_sdpa` | transformers' `sdpa` ignores `cu_seq_lens`, so packed sequences attend to each other | correct log-probs and gradients with `attn_impl: sdpa` | `install(packed_sdpa=False)`, or `attn_impl: flash_attention_2` |
 | `weight_push` | the rollout client polls for new weights once a second during a disk push | the push stops idling a second per step | `install(weight_push=False)` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `install(fast_step=False)`; `TORCHDYNAMO_DISABLE=1` for compilation only |
+| `server_start` | a server that dies at start is waited for `setup_timeout` (300 s) | the wait ends when the server process does, naming it | `install(server_start=False)` |
+| `clean_exit` | single controller: a failed start leaves workers to a finalizer that hangs; SIGTERM skips clean-up | every exit stops the run's processes, without hanging | `install(clean_exit=False)` |
+| `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
+| `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: tools/sglang_seam applies it in CPU runs |
 
 Each module's docstring says why and what was measured (docs/results.md has the numbers).
 Nothing is patched on import: `train.py` and `sft.py` call `install()` from `main()`, and the
@@ -15,10 +19,19 @@ single-controller workers run `python3 -m areal_patches.worker` (train_config.ya
 from __future__ import annotations
 
 
-def install(packed_sdpa: bool = True, weight_push: bool = True, fast_step: bool = True) -> None:
-    """Apply the chosen fixes in this process (each is idempotent)."""
+def install(
+    packed_sdpa: bool = True,
+    weight_push: bool = True,
+    fast_step: bool = True,
+    server_start: bool = True,
+    clean_exit: bool = True,
+) -> None:
+    """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
+    patch but a thread: train.py starts it once the trainer exists."""
+    from areal_patches import clean_exit as clean_exit_module
     from areal_patches import fast_step as fast_step_module
     from areal_patches import packed_sdpa as packed_sdpa_module
+    from areal_patches import server_start as server_start_module
     from areal_patches import weight_push as weight_push_module
 
     if packed_sdpa:
@@ -27,3 +40,7 @@ def install(packed_sdpa: bool = True, weight_push: bool = True, fast_step: bool 
         weight_push_module.install()
     if fast_step:
         fast_step_module.install()
+    if server_start:
+        server_start_module.install()
+    if clean_exit:
+        clean_exit_module.install()

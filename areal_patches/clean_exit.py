@@ -1,0 +1,65 @@
+"""End a single-controller run on any path with no process left and no hang.
+
+Upstream behaviour (areal 1.0.4): the controller's `LocalScheduler` deletes its workers in
+`PPOTrainer.close()` and otherwise only in `LocalScheduler.__del__`. When the trainer fails
+in its constructor (a worker that cannot be configured, a server that does not start),
+`close()` never runs: the workers are left to `__del__`, which runs during interpreter
+shutdown and starts threads there, and `Thread.start` then waits forever. The controller
+printed its error and hung (the issue's 240 s; here over 200 s after a SIGINT, in
+`LocalScheduler._cleanup_workers`); another run exited and left both workers running.
+SIGTERM kills the controller without any clean-up at all.
+
+Effect: `no_process_left()` (train.py's `main()` runs inside it) turns SIGTERM into
+SystemExit and, on every way out, kills every process the controller started and waits for
+them; `install()` makes `LocalScheduler.__del__` do nothing once the interpreter is shutting
+down, when nothing it would stop is left.
+
+Off: `areal_patches.install(clean_exit=False)` leaves `__del__` as it is; `no_process_left`
+is the project's own policy (the run's processes end with it) and has no switch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+
+import psutil
+
+
+def kill_descendants(timeout: float = 10.0) -> None:
+    """SIGKILL every process this one started, directly or not, and reap them."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(children, timeout=timeout)
+
+
+def exit_on_sigterm(signum: int, frame) -> None:
+    sys.exit(128 + signum)
+
+
+@contextlib.contextmanager
+def no_process_left() -> Iterator[None]:
+    """Run the body; whatever happens (an error, Ctrl-C, SIGTERM), stop its processes after."""
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        kill_descendants()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def install() -> None:
+    from areal.infra.scheduler.local import LocalScheduler
+
+    upstream_del = getattr(LocalScheduler.__del__, "__wrapped__", LocalScheduler.__del__)
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            upstream_del(self)
+
+    __del__.__wrapped__ = upstream_del
+    LocalScheduler.__del__ = __del__

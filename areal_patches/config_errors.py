@@ -1,0 +1,76 @@
+"""One line, not a Hydra traceback, for a mistyped config key or a value of the wrong type.
+
+Upstream behaviour (areal 1.0.4): `load_expr_config` answers `actor.optimizer.lrr=1e-5` with
+a 64-line Hydra traceback whose hint (`+actor.optimizer.lrr=...`) adds the typo as a new
+key and fails again further on; a wrong type (`actor.optimizer.lr=fast`) ends in an
+OmegaConf traceback.
+
+Effect: `load_config` raises SystemExit (status 2, bad input) with one line that names the
+key and the closest valid keys, or the key and the value that does not fit, before any
+process starts.
+
+Off: call AReaL's `load_expr_config` instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+BAD_INPUT = 2
+
+
+def key_of_override(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def child_keys(node) -> list[str]:
+    if OmegaConf.is_dict(node):
+        return [str(k) for k in node.keys()]
+    if OmegaConf.is_list(node):
+        return [str(i) for i in range(len(node))]
+    return []
+
+
+def first_unknown(key: str, node) -> tuple[int, list[str]] | None:
+    """Index of the first part of `key` that `node` lacks and its siblings; None if all exist."""
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        keys = child_keys(node)
+        if part not in keys:
+            return i, keys
+        node = node[int(part)] if OmegaConf.is_list(node) else node[part]
+    return None
+
+
+def override_problem(key: str, config_cls: type, config_file: str) -> str:
+    """Why Hydra refused `key`: a typo (with the closest keys) or a field the file lacks."""
+    if first_unknown(key, OmegaConf.structured(config_cls)) is None:
+        return f"{key!r} is not in {config_file}: set it with ++{key}=..."
+    index, siblings = first_unknown(key, OmegaConf.load(config_file))
+    parts = key.split(".")
+    close = [".".join([*parts[:index], c, *parts[index + 1 :]]) for c in difflib.get_close_matches(parts[index], siblings)]
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return f"unknown config key {key!r}: {hint}(the keys are those of {config_file})"
+
+
+def load_config(argv: list[str], config_cls: type, program: str):
+    """AReaL's `load_expr_config(argv, config_cls)`, with one-line errors for bad overrides."""
+    from areal.api.cli_args import load_expr_config
+    from hydra.errors import ConfigCompositionException
+
+    config_file = argv[argv.index("--config") + 1] if "--config" in argv else "the config file"
+    try:
+        return load_expr_config(argv, config_cls)
+    except ConfigCompositionException as e:
+        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+        key = next((key_of_override(o) for o in overrides if repr(key_of_override(o)) in str(e)), None)
+        line = override_problem(key, config_cls, config_file) if key else str(e).splitlines()[0]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        line = f"{key}: {str(e).splitlines()[0]}" if key else str(e).splitlines()[0]
+    print(f"{program}: {line}", file=sys.stderr)
+    raise SystemExit(BAD_INPUT)
