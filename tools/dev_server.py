@@ -1059,11 +1059,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s dev_server %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    # The server's own logger, not the root one: run in SGLang's place, the process has
+    # imported AReaL's packages first, and the root logger this one reports to is not
+    # logging.root any more.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s dev_server %(levelname)s %(message)s"))
+    logger.handlers, logger.propagate = [handler], False
+    logger.setLevel(args.log_level.upper())
     if not os.path.isdir(args.model):  # fail fast, before the slow imports
         logger.error("no such model folder: %s", args.model)
         return 2
