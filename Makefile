@@ -6,6 +6,8 @@ INSTALLED := $(VENV)/.installed
 # pip keeps no cache: the CUDA wheels (about 4.5 GB) would otherwise sit on disk twice.
 PIP_INSTALL := $(PY) -m pip install --no-cache-dir --progress-bar off
 TORCH := $(shell grep -E '^torch==' requirements.txt)
+# Which of the README's training commands the demo runs: single (controller), local, ray, slurm.
+LAUNCHER ?= single
 
 .PHONY: setup demo test bench
 
@@ -24,7 +26,7 @@ $(INSTALLED): requirements.txt pyproject.toml
 	touch $(INSTALLED)
 
 demo: $(INSTALLED)
-	$(PY) -m tools.demo
+	$(PY) -m tools.demo --launcher $(LAUNCHER)
 
 test: $(INSTALLED)
 	$(PY) -m pytest -q tests

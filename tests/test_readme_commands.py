@@ -14,8 +14,16 @@ PREFIXES = ("python3 train.py ", "python3 -m areal.infra.launcher.")
 
 
 def readme_training_commands() -> list[str]:
-    lines = (ROOT / "README.md").read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip().startswith(PREFIXES)]
+    """The README's training commands, each on one line (`\\` continuations joined)."""
+    lines = (ROOT / "README.md").read_text().replace("\\\n", " ").splitlines()
+    return [" ".join(ln.split()) for ln in lines if ln.strip().startswith(PREFIXES)]
+
+
+def test_the_demo_runs_the_readmes_first_training_command():
+    """`make demo` is that command plus the CPU overrides in tools/demo.py, applied after it."""
+    from tools import demo
+
+    assert readme_training_commands()[0] == " ".join(["python3", *demo.user_command("single")[1:]])
 
 
 def parse(command: str):

@@ -34,11 +34,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 SEAM = ROOT / "tools" / "sglang_seam"
-LAUNCHERS = ("single", "local")
+LAUNCHERS = ("single", "local", "slurm", "ray")
 
 
 def user_command(launcher: str) -> list[str]:
@@ -46,6 +48,8 @@ def user_command(launcher: str) -> list[str]:
     entry = {
         "single": ["train.py", "--config", "train_config.yaml", "scheduler.type=local"],
         "local": ["-m", "areal.infra.launcher.local", "train.py", "--config", "train_config.yaml"],
+        "slurm": ["-m", "areal.infra.launcher.slurm", "train.py", "--config", "train_config.yaml"],
+        "ray": ["-m", "areal.infra.launcher.ray", "train.py", "--config", "train_config.yaml"],
     }[launcher]
     return [
         sys.executable, *entry, "experiment_name=countdown-grpo", "trial_name=trial1",
@@ -59,13 +63,118 @@ def launcher_overrides(launcher: str) -> list[str]:
     if launcher == "local":
         # AReaL's local launcher takes a finished trainer for a failed one and starts it
         # again recover.retries times (docs/areal-bugs.md); a demo has nothing to recover.
-        return ["recover.retries=0"]
+        return ["++recover.retries=0"]
+    if launcher == "slurm":
+        # One Slurm job per role, each on whole nodes: the rollout server needs a node of its
+        # own (gen world size // GPUs per node), so two one-GPU nodes, both on this machine.
+        # rollout and ref take actor's scheduling spec (${actor.scheduling_spec}). Each job asks
+        # for spec.cpu CPUs and spec.mem GB per GPU plus 10 GB; AReaL's 8 CPUs and 32 GB would
+        # stay PENDING for ever on this node. container_type none runs the commands as they are
+        # (AReaL's default is apptainer). Its `srun --export=K=V,...` passes only these
+        # variables (no ALL), so the jobs get PATH and the seam from here; a value must not
+        # hold a comma (one server's address has none).
+        spec = "++actor.scheduling_spec.0"  # ++: set whether train_config.yaml has the key or not
+        env = seam_env()
+        return [
+            "cluster.n_nodes=2", f"{spec}.container_type=none", f"{spec}.cpu=1", f"{spec}.mem=1",
+            *(f"{spec}.env_vars.{k}={env[k]}"
+              for k in ("PATH", "PYTHONPATH", "TORCHDYNAMO_DISABLE", "PYTHONUNBUFFERED")),
+            # A failed job is started again recover.retries times; a demo has nothing to recover.
+            "++recover.retries=0",
+        ]  # fmt: skip
+    if launcher == "ray":
+        # The Ray launcher also gives each server whole nodes (all n_gpus_per_node GPUs) and
+        # the trainer the n_nodes left (one node of two GPUs leaves it none and fails with
+        # ZeroDivisionError), so two one-GPU nodes: on a one-node Ray cluster with two GPUs,
+        # its placement groups put both on that node. A failed trainer is started again
+        # recover.retries times; a demo has nothing to recover.
+        return ["cluster.n_nodes=2", "++recover.retries=0"]
     return []
 
 
 @contextlib.contextmanager
 def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
     """The cluster a launcher submits to, up for the run; yields the environment to add."""
+    if launcher == "slurm":
+        import tempfile
+
+        from launch import slurm_cluster
+
+        if os.geteuid() != 0:
+            raise RuntimeError("--launcher slurm needs root (launch/slurm_cluster.py runs slurmd)")
+        # The jobs run under slurmd, outside the launcher's process group: leaving this block
+        # cancels them and stops the daemons. SIGTERM leaves it the way Ctrl-C does (once: a
+        # second one must not cut that clean-up short).
+        def interrupt(*_) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            raise KeyboardInterrupt
+
+        # The jobs write their output to <fileroot>/logs/<user>/<experiment>/<trial>/<job>.log,
+        # not to the launcher's: their progress lines are echoed as they come, and the logs
+        # are added to the run's full log (train.log) at the end.
+        job_logs = "logs/*/*/*/*.log"
+        done = threading.Event()
+
+        def echo_progress() -> None:
+            seen: dict[Path, int] = {}
+            while True:
+                last = done.is_set()
+                for path in sorted(run_dir.glob(job_logs)):
+                    with path.open("rb") as f:
+                        f.seek(seen.get(path, 0))
+                        text = f.read()
+                    end = text.rfind(b"\n") + 1
+                    seen[path] = seen.get(path, 0) + end
+                    for line in text[:end].decode(errors="replace").splitlines():
+                        if PROGRESS.search(line):
+                            print(f"[train] {line.strip()[-160:]}", flush=True)
+                if last:
+                    return
+                done.wait(0.5)
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        echo = threading.Thread(target=echo_progress, daemon=True)
+        # A short folder: slurmd's per-step socket paths may have 107 bytes at most.
+        workdir = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+        try:
+            slurm_cluster.install()
+            # Room for AReaL's two jobs whatever this machine has (1 CPU and 1 GB each, see
+            # launcher_overrides, plus AReaL's fixed 10 GB a job); nothing enforces either.
+            cpus, mem_mb = max(2, os.cpu_count() or 1), 2 * (1024 + 10240)
+            with slurm_cluster.cluster(workdir, gpus=2, cpus=cpus, mem_mb=mem_mb) as env:
+                echo.start()
+                yield {"SLURM_CONF": env["SLURM_CONF"]}
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            done.set()
+            if echo.is_alive():
+                echo.join()
+            with (run_dir / "train.log").open("a") as full_log:
+                for path in sorted(run_dir.glob(job_logs)):
+                    full_log.write(f"\n===== Slurm job log {path}\n")
+                    full_log.write(path.read_text(errors="replace"))
+            for log in workdir.glob("*.log"):  # the daemons' logs, kept with the run
+                (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+                shutil.copy(log, run_dir / "slurm" / log.name)
+            shutil.rmtree(workdir, ignore_errors=True)
+        return
+    if launcher == "ray":
+        from launch import ray_cluster
+
+        # Ray's daemons and workers (servers, trainer) run outside the launcher's process
+        # group: leaving this block stops them. SIGTERM leaves it the way Ctrl-C does.
+        def stop_on_sigterm(*_) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+        try:
+            # Ray's workers inherit the seam from `ray start` and start in ROOT, as the
+            # launcher's relative train.py and train_config.yaml need.
+            with ray_cluster.cluster(run_dir / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
+                yield {"RAY_ADDRESS": env["RAY_ADDRESS"]}
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return
     yield {}
 
 
@@ -146,7 +255,7 @@ def trainer_env(server_addr: str) -> dict[str, str]:
     return seam_env({"AREAL_SPMD_MODE": "1", "AREAL_LLM_SERVER_ADDRS": server_addr})
 
 
-PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place")
+PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|^train\.py: ")
 
 
 def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None) -> bool:
@@ -184,18 +293,22 @@ def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit:
             stop_group(proc)
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the whole process group (torchrun and its workers), SIGKILL if it lingers."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
+def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM the process group and every process it started (torchrun's workers have
+    sessions of their own), SIGKILL whatever is left after `timeout` seconds."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        leader = psutil.Process(proc.pid)
+        tree = [leader, *leader.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(sig)
+        _, tree = psutil.wait_procs(tree, timeout=timeout)
+    proc.wait()
 
 
 def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tuple[list[str], dict]:
@@ -231,26 +344,35 @@ def summary(tensorboard_dir: Path, seconds: float) -> str:
     )
 
 
-def run_user_command(launcher: str, run_dir: Path, overrides: list[str], time_limit: float) -> None:
-    """The README's command for `launcher` with `overrides`; raises unless every step ran.
+# AReaL's local, Ray and Slurm launchers exit 1 even after a complete run (docs/areal-bugs.md).
+EXIT_1_AFTER_SUCCESS = ("local", "ray", "slurm")
 
-    The local launcher exits 1 even after a complete run (docs/areal-bugs.md), so success is
-    read from what the run wrote: a log line for its last step.
+
+def run_user_command(
+    launcher: str, run_dir: Path, overrides: list[str], time_limit: float, extra: list[str] = ()
+) -> None:
+    """The README's command for `launcher` with `overrides`, the launcher's own and `extra`
+    (in that order: the last value of a key wins); raises unless every step ran.
+
+    Success is read from what the run wrote (a log line for its last step), not from the
+    exit code alone: some launchers exit 1 after any run.
     """
     (run_dir / "name_resolve").mkdir(parents=True, exist_ok=True)  # the launchers require it
-    cmd = [*user_command(launcher), *overrides, *launcher_overrides(launcher)]
+    cmd = [*user_command(launcher), *overrides, *launcher_overrides(launcher), *extra]
     log_path = run_dir / "train.log"
     print(f"[demo] {' '.join(cmd[1:])}", flush=True)
     with launcher_cluster(launcher, run_dir) as cluster_env:
         try:
             expired = run_trainer(cmd, seam_env(cluster_env), log_path, time_limit)
         except RuntimeError:
-            if launcher != "local":
+            if launcher not in EXIT_1_AFTER_SUCCESS:
                 raise
             expired = False
     steps = next(o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps="))
-    if expired or f"Train step {steps}/" not in log_path.read_text():
-        raise RuntimeError(f"training did not reach step {steps} within {time_limit:.0f} s; see {log_path}")
+    if expired:
+        raise RuntimeError(f"training stopped after the {time_limit:.0f} s time limit; see {log_path}")
+    if f"Train step {steps}/" not in log_path.read_text():
+        raise RuntimeError(f"training ended before step {steps}; see {log_path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--launcher", choices=LAUNCHERS, default="single")
     parser.add_argument("--time-limit", type=float, default=900, help="seconds before the run is stopped")
+    parser.add_argument("overrides", nargs="*", help="more key=value overrides for train.py, applied last")
     args = parser.parse_args(argv)
 
     start = time.time()
@@ -273,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps) + [
         f"actor.path={model_dir}", "stats_logger.wandb.mode=disabled",
     ]  # fmt: skip
-    run_user_command(args.launcher, run_dir, overrides, args.time_limit)
+    run_user_command(args.launcher, run_dir, overrides, args.time_limit, args.overrides)
     tensorboard_dir = run_dir / "logs" / "tensorboard"
     subprocess.run([sys.executable, "plot.py", str(tensorboard_dir),
                     "--out", str(run_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip

@@ -1,0 +1,211 @@
+"""The commands users type, run for real on CPU: AReaL's single controller and its local, Ray
+and Slurm launchers end to end (`python3 -m tools.demo --launcher ...`), and the faults they
+must survive.
+
+The only double in every test here is the dev server, which starts where AReaL would start
+SGLang (tools/sglang_seam): AReaL's scheduler, launchers, RPC workers, server wrapper,
+name_resolve, disk weight pushes, evaluation and recover retries are its own code, and the
+Ray and Slurm launchers submit to real (one-node) Ray and Slurm clusters that the demo starts
+and stops (launch/ray_cluster.py, launch/slurm_cluster.py; Slurm needs root).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import plot
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCHERS = ["single", "local", "ray", "slurm"]
+pytestmark = [pytest.mark.launchers, pytest.mark.timeout(900)]
+
+# The random tiny model earns no reward, so GRPO's advantages, and the weight updates, would
+# all be zero. A constant negative reward without normalisation (and no warm-up) gives every
+# sampled token a non-zero advantage: each push must then change what the server computes.
+WEIGHTS_MOVE = [
+    "actor.reward_norm=null", "actor.adv_norm=null", "actor.reward_bias=-0.5",
+    "actor.optimizer.lr=1e-3", "actor.optimizer.warmup_steps_proportion=0",
+]  # fmt: skip
+# What a run starts besides processes naming its folder: Ray's and Slurm's daemons.
+CLUSTER_PROCESS = re.compile(r"ray::|raylet|gcs_server|default_worker|slurmctld|slurmd|slurmstepd|munged")
+SERVER_LOAD = re.compile(
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) dev_server INFO loaded (?:weights from )?(\S+) .*fingerprint=(\S+)\)"
+)
+
+
+def needs(launcher: str) -> None:
+    if launcher == "slurm" and os.geteuid() != 0:
+        pytest.skip("the Slurm cluster needs root (slurmd, munged; Slurm is installed with apt)")
+
+
+def start_demo(run_dir: Path, launcher: str, steps: int, *overrides: str) -> subprocess.Popen:
+    """The demo as a terminal starts it: with Ctrl-C's default action, even where pytest runs
+    under a shell that started it in the background with SIGINT ignored."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tools.demo", "--launcher", launcher, "--run-dir", str(run_dir),
+         "--steps", str(steps), *overrides],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> str:
+    """Output up to the first line holding `text` (the demo echoes the run's progress)."""
+    seen, deadline = [], time.time() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        assert time.time() < deadline, f"no {text!r} in {timeout:.0f} s:\n" + "".join(seen[-30:])
+    raise AssertionError(f"the demo ended before {text!r}:\n" + "".join(seen[-30:]))
+
+
+def live_processes() -> dict[int, str]:
+    """Command lines of the live processes (zombies aside: init reaps them)."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found[proc.pid] = " ".join(proc.info["cmdline"] or [])
+    return found
+
+
+def left_behind(run_dir: Path, before: dict[int, str]) -> list[str]:
+    """Processes of this run still alive: any naming its folder, and cluster daemons that
+    were not running before it started."""
+    time.sleep(2)
+    return [
+        cmd[:200] for pid, cmd in live_processes().items()
+        if str(run_dir) in cmd or (CLUSTER_PROCESS.search(cmd) and pid not in before)
+    ]  # fmt: skip
+
+
+def is_torchrun(cmd: str) -> bool:
+    """torchrun itself, not the shell line that starts it."""
+    argv = cmd.split()
+    return len(argv) > 1 and argv[1].endswith("/torchrun")
+
+
+def server_loads(run_dir: Path) -> list[tuple[str, float]]:
+    """(model folder, fingerprint) of each load the dev server logged, in time order: its
+    start, then each weight push. The same line may reach several of the run's logs."""
+    lines = set()
+    for path in [run_dir / "train.log", *run_dir.glob("logs/**/*.log")]:
+        lines |= {m.groups() for m in SERVER_LOAD.finditer(path.read_text(errors="replace"))}
+    return [(folder, float(fingerprint)) for _, folder, fingerprint in sorted(lines)]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, tmp_path):
+    needs(launcher)
+    before = live_processes()
+    run_dir = tmp_path / "run"
+    proc = start_demo(run_dir, launcher, 2, *WEIGHTS_MOVE)
+    output, _ = proc.communicate(timeout=840)
+    assert proc.returncode == 0, output[-4000:]
+    assert output.strip().splitlines()[-1].startswith("[demo] done in"), output[-3000:]
+    assert "Train step 2/" in output
+
+    scalars = plot.load_run(run_dir / "logs" / "tensorboard")
+    assert sorted(scalars["rollout/reward"]) == [0, 1]
+    assert sorted(scalars["eval-rollout/success"]) == [0, 1]  # held-out evaluation at each step
+    assert list(run_dir.glob("checkpoints/*/*/*/default/recover_checkpoint/*"))
+
+    loads = server_loads(run_dir)
+    assert [Path(folder).name for folder, _ in loads] == ["model", "weight_update_v1", "weight_update_v2"], loads
+    fingerprints = [f for _, f in loads]
+    assert all(after != before for before, after in zip(fingerprints, fingerprints[1:])), loads
+
+    assert left_behind(run_dir, before) == []
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_interrupted_run_leaves_no_process_behind(launcher, tmp_path):
+    needs(launcher)
+    before = live_processes()
+    run_dir = tmp_path / "run"
+    proc = start_demo(run_dir, launcher, 50)
+    try:
+        wait_for_line(proc, "Train step 1/", timeout=600)
+        assert any("sglang.launch_server" in cmd for cmd in live_processes().values())
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, rest[-2000:]
+    assert "interrupted; all processes stopped" in rest
+    assert left_behind(run_dir, before) == []
+
+
+def test_a_killed_rollout_server_stops_the_run_with_one_line_naming_it(tmp_path):
+    """Single controller: AReaL would retry the dead server's requests for ever."""
+    before = live_processes()
+    run_dir = tmp_path / "run"
+    proc = start_demo(run_dir, "single", 50, "server_health_grace=10")
+    try:
+        wait_for_line(proc, "Train step 1/", timeout=600)
+        server = next(p for p, cmd in live_processes().items() if "sglang.launch_server" in cmd and str(run_dir) in cmd)
+        psutil.Process(server).kill()
+        killed = time.time()
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, rest[-2000:]
+    assert time.time() - killed < 60
+    assert re.search(r"rollout server \S+ has not answered /health for 10 s", rest), rest[-2000:]
+    assert left_behind(run_dir, before) == []
+
+
+def test_a_killed_trainer_is_resumed_by_the_local_launchers_retry(tmp_path):
+    """recover.mode=auto with a retry: AReaL's local launcher starts the trainer again, and it
+    resumes from the last recover checkpoint (one per step here) at the right step."""
+    before = live_processes()
+    run_dir = tmp_path / "run"
+    proc = start_demo(run_dir, "local", 4, "++recover.retries=1")
+    try:
+        wait_for_line(proc, "Train step 2/", timeout=600)
+        trainer = next(p for p, cmd in live_processes().items() if is_torchrun(cmd) and str(run_dir) in cmd)
+        for process in [*psutil.Process(trainer).children(recursive=True), psutil.Process(trainer)]:
+            process.kill()
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    # Everything after the launcher's "is_recover_run=True" is its own retry, not a new command.
+    first_run, retry = (run_dir / "train.log").read_text(errors="replace").split("is_recover_run=True", 1)
+    before_kill = [int(n) for n in re.findall(r"Train step (\d+)/", first_run)]
+    resumed = [int(n) for n in re.findall(r"Train step (\d+)/", retry)]
+    # The step after the last logged one, or one more if the kill fell between that step's
+    # recover checkpoint and its log line.
+    assert resumed[0] in (before_kill[-1] + 1, before_kill[-1] + 2) and resumed[-1] == 4, (before_kill, resumed)
+    assert left_behind(run_dir, before) == []
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("actor.optimizer.lrr=1e-5", "unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr?"),
+        ("actor.optimizer.lr=fast", "actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
+        ("recover.retries=2", "'recover.retries' is not in train_config.yaml: set it with ++recover.retries=..."),
+    ],
+)
+def test_a_bad_override_is_one_line_before_anything_starts(override, message, tmp_path):
+    before = live_processes()
+    proc = subprocess.run(
+        [sys.executable, "train.py", "--config", "train_config.yaml", "scheduler.type=local",
+         f"cluster.fileroot={tmp_path}", override],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"train.py: {message}"
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists()
+    assert left_behind(tmp_path, before) == []
