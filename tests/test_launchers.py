@@ -192,7 +192,8 @@ def test_a_killed_trainer_is_resumed_by_the_local_launchers_retry(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("actor.optimizer.lrr=1e-5", "unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr?"),
+        ("actor.optimizer.lrr=1e-5",
+         "unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr? (the keys are those of train_config.yaml)"),
         ("actor.optimizer.lr=fast", "actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
         ("recover.retries=2", "'recover.retries' is not in train_config.yaml: set it with ++recover.retries=..."),
     ],

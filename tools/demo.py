@@ -127,7 +127,7 @@ def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
                     seen[path] = seen.get(path, 0) + end
                     for line in text[:end].decode(errors="replace").splitlines():
                         if PROGRESS.search(line):
-                            print(f"[train] {line.strip()[-160:]}", flush=True)
+                            print(f"[train] {progress_text(line)}", flush=True)
                 if last:
                     return
                 done.wait(0.5)
@@ -258,6 +258,12 @@ def trainer_env(server_addr: str) -> dict[str, str]:
 PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|^train\.py: ")
 
 
+def progress_text(line: str) -> str:
+    """A line to echo: train.py's own messages whole, others' last 160 characters."""
+    line = line.strip()
+    return line if line.startswith("train.py: ") else line[-160:]
+
+
 def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None) -> bool:
     """Run the trainer in its own process group, echo progress lines, always clean up.
 
@@ -283,7 +289,7 @@ def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit:
             for line in proc.stdout:
                 log.write(line)
                 if PROGRESS.search(line):
-                    print(f"[train] {line.strip()[-160:]}", flush=True)
+                    print(f"[train] {progress_text(line)}", flush=True)
             if proc.wait() != 0 and not expired.is_set():
                 raise RuntimeError(f"training failed (exit {proc.returncode}); see {log_path}")
             return expired.is_set()
