@@ -1,0 +1,158 @@
+"""The launch-path fixes in areal_patches/ and the SGLang seam (tools/sglang_seam), each on its
+own; tests/test_launchers.py runs them inside AReaL's real single controller and launchers."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog
+from tools import dev_server, sglang_launch_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SEAM = ROOT / "tools" / "sglang_seam"
+
+
+def engine(setup_timeout: float, healthy: bool = False) -> SimpleNamespace:
+    """What `wait_for_server` reads of a RemoteInfEngine: its config and its health check."""
+    return SimpleNamespace(config=SimpleNamespace(setup_timeout=setup_timeout), check_health=lambda url: healthy)
+
+
+def test_a_server_that_exits_at_start_ends_the_wait_at_once():
+    process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"inference server 10\.0\.0\.1:1 exited with code 3"):
+        server_start.wait_for_server(engine(setup_timeout=60), "10.0.0.1:1", process)
+    assert time.monotonic() - start < 5  # AReaL waits the whole setup_timeout
+
+
+def test_a_healthy_server_ends_the_wait_and_a_silent_one_times_out():
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        server_start.wait_for_server(engine(setup_timeout=60, healthy=True), "10.0.0.1:1", sleeper)
+        with pytest.raises(TimeoutError, match="no answer to /health in 2 s"):
+            server_start.wait_for_server(engine(setup_timeout=2), "10.0.0.1:1", sleeper)
+    finally:
+        sleeper.kill()
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_watchdog_names_a_silent_server_and_leaves_a_healthy_one_alone():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    alive = f"127.0.0.1:{server.server_address[1]}"
+    dead = f"127.0.0.1:{dev_server.find_free_port()}"  # nothing listens there
+    messages = []
+    try:
+        server_watchdog.watch([alive, dead], grace=1.0, interval=0.2, on_dead=messages.append).join(timeout=10)
+    finally:
+        server.shutdown()
+    assert len(messages) == 1 and f"rollout server {dead} has not answered /health for 1 s" in messages[0]
+    messages.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        thread = server_watchdog.watch([f"127.0.0.1:{server.server_address[1]}"], grace=0.5, interval=0.1,
+                                       on_dead=messages.append)  # fmt: skip
+        time.sleep(1.5)
+        assert thread.is_alive() and messages == []
+    finally:
+        server.shutdown()
+
+
+# A process that starts a child in a session of its own (as torchrun starts its workers),
+# prints the child's pid, then fails or waits to be terminated.
+CHILD_SCRIPT = textwrap.dedent("""
+    import subprocess, sys, time
+    from areal_patches import clean_exit
+    with clean_exit.no_process_left():
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        print(child.pid, flush=True)
+        if sys.argv[1] == "fail":
+            raise RuntimeError("failed")
+        time.sleep(120)
+""")
+
+
+@pytest.mark.parametrize("how", ["fail", "sigterm"])
+def test_no_process_is_left_after_a_failure_or_sigterm(how):
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)  # fmt: skip
+    child = int(proc.stdout.readline())
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode == (1 if how == "fail" else 128 + signal.SIGTERM)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_schedulers_finalizer_does_nothing_at_interpreter_shutdown(monkeypatch):
+    from areal.infra.scheduler.local import LocalScheduler
+
+    clean_exit.install()
+    clean_exit.install()  # idempotent: wraps AReaL's finalizer, not the first wrapper
+    deleted = []
+    scheduler = SimpleNamespace(delete_workers=lambda: deleted.append(True))
+    LocalScheduler.__del__(scheduler)
+    assert deleted == [True]
+    monkeypatch.setattr(sys, "is_finalizing", lambda: True)
+    LocalScheduler.__del__(scheduler)
+    assert deleted == [True]  # AReaL's would start threads now and block for ever
+
+
+def test_the_cpu_platform_gets_a_device_control_variable():
+    module = SimpleNamespace(CpuPlatform=type("CpuPlatform", (), {"device_control_env_var": ""}))
+    cpu_platform.install(module)
+    assert module.CpuPlatform.device_control_env_var == "CUDA_VISIBLE_DEVICES"
+
+
+def run_with_seam(code: str, seam: bool = True) -> str:
+    env = {"PYTHONPATH": str(SEAM)} if seam else {}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env}, cwd="/")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_seam_puts_the_dev_server_in_sglangs_place_and_only_there():
+    find = "import importlib.util; print(importlib.util.find_spec('areal.experimental.inference_service.sglang.launch_server').origin)"
+    assert run_with_seam(find) == str(ROOT / "tools" / "sglang_launch_server.py")
+    assert run_with_seam(find, seam=False).endswith("areal/experimental/inference_service/sglang/launch_server.py")
+    version = "import importlib.metadata as m; print(m.version('sglang'))"
+    assert run_with_seam(version) == "0.5.10.post1"
+    platform = "from areal.infra.platforms.cpu import CpuPlatform; print(repr(CpuPlatform.device_control_env_var))"
+    assert run_with_seam(platform) == "'CUDA_VISIBLE_DEVICES'"
+    assert run_with_seam(platform, seam=False) == "''"
+
+
+def test_sglangs_flags_become_the_dev_servers():
+    flags = ["--model-path", "/m", "--tokenizer-path", "/m", "--host", "10.1.2.3", "--port", "4567",
+             "--random-seed", "9", "--dtype", "bfloat16", "--tp-size", "1", "--mem-fraction-static", "0.8",
+             "--skip-tokenizer-init", "--base-gpu-id", "1"]  # fmt: skip
+    argv = sglang_launch_server.dev_server_argv(flags, cuda=True, parent_pid=42, extra="--decoder hf")
+    args = dev_server.build_arg_parser().parse_args(argv)
+    assert (args.model, args.host, args.port, args.seed) == ("/m", "10.1.2.3", 4567, 9)
+    assert (args.dtype, args.device, args.parent_pid, args.decoder) == ("bfloat16", "cuda:1", 42, "hf")
+    on_cpu = dev_server.build_arg_parser().parse_args(
+        sglang_launch_server.dev_server_argv(["--model-path", "/m", "--dtype", "auto"], cuda=False, parent_pid=1)
+    )
+    assert (on_cpu.device, on_cpu.dtype) == ("cpu", "float32")
