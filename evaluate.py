@@ -331,7 +331,7 @@ class SGLangServer(dev_server.DevServer):
     """SGLang under the dev server's process handling (own process group, /health wait,
     kill on exit). Not exercised by this repository's tests: no GPU here."""
 
-    def _command(self) -> list[str]:
+    def command(self) -> list[str]:
         return [self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
                 "--host", self.host, "--port", str(self.port), "--random-seed", str(self.seed),
                 "--skip-tokenizer-init"]

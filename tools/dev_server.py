@@ -89,7 +89,7 @@ Python helpers for scripts and tests (they do not import torch)::
     serve(model_path, port=None, **DevServer kwargs)  -> context manager yielding "host:port"
     DevServer(model_path, port=None, host="127.0.0.1", device="cpu", dtype="float32",
               max_batch=64, seed=0, timeout=120.0, log_file=None, extra_args=(),
-              python=None, env=None)      .start() .stop() .addr .pid .log_file, a context manager
+              python=None, env=None)      .start() .stop() .command() .addr .pid .log_file, a context manager
     http_json(addr, endpoint, payload=None, method=None, timeout=60) -> body (HTTPStatusError
               unless 200);  http_request(...) -> (status, body);  find_free_port(host)
 
@@ -1206,7 +1206,10 @@ class DevServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def _command(self) -> list[str]:
+    def command(self) -> list[str]:
+        """The command that starts the server. Override it to run another server that speaks
+        SGLang's protocol (evaluate.py runs SGLang itself) under the same process handling:
+        its own process group, the /health wait, the kill on exit."""
         cmd = [self.python, "-m", "tools.dev_server", "--model", self.model_path,
                "--host", self.host, "--port", str(self.port), "--dtype", self.dtype,
                "--max-batch", str(self.max_batch), "--seed", str(self.seed),
@@ -1230,7 +1233,7 @@ class DevServer:
             env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             with open(self.log_file, "ab") as log:
                 self.proc = subprocess.Popen(
-                    self._command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True, env=env,
                 )
             _LIVE.add(self)
