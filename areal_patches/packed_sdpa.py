@@ -28,7 +28,6 @@ pads a micro-batch by appending one more sequence (tests/test_packed_logp.py che
 from __future__ import annotations
 
 import inspect
-import sys
 
 import torch
 from transformers import AttentionInterface

@@ -27,9 +27,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+
+from tools.dev_server import find_free_port
 
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
@@ -112,13 +116,6 @@ def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _free_port() -> int:
-    """A port nobody listens on now, so that a second cluster or a system one can coexist."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node_hardware() -> dict[str, int]:
     """This machine's CPU topology and memory (MB), as slurmd itself will report them."""
     out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
@@ -147,8 +144,8 @@ def _write_config(workdir: Path, gpus: int, cpus: int | None, mem_mb: int | None
         "ClusterName=areal-test",
         # 127.0.0.1 spares us from depending on the host name resolving to this machine.
         f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={_free_port()}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmctldPort={find_free_port()}",
+        f"SlurmdPort={find_free_port()}",
         "SlurmUser=root",
         "AuthType=auth/munge",
         f"StateSaveLocation={workdir / 'state'}",
@@ -297,6 +294,64 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+# Where AReaL's Slurm jobs write their output: <fileroot>/logs/<user>/<experiment>/<trial>/<job>.log
+JOB_LOGS = "logs/*/*/*/*.log"
+
+
+def tail_job_logs(run_dir: Path, echo: Callable[[str], None], done: threading.Event) -> None:
+    """Pass each new complete line of the run's job logs to `echo` until `done` is set."""
+    seen: dict[Path, int] = {}
+    while True:
+        last = done.is_set()
+        for path in sorted(run_dir.glob(JOB_LOGS)):
+            with path.open("rb") as f:
+                f.seek(seen.get(path, 0))
+                text = f.read()
+            end = text.rfind(b"\n") + 1
+            seen[path] = seen.get(path, 0) + end
+            for line in text[:end].decode(errors="replace").splitlines():
+                echo(line)
+        if last:
+            return
+        done.wait(0.5)
+
+
+@contextlib.contextmanager
+def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, str]]:
+    """A cluster for one run of AReaL's Slurm launcher with `run_dir` as its fileroot; yields
+    the environment its commands need (SLURM_CONF).
+
+    The jobs write their output to their own logs, not to the launcher's: `echo` gets their
+    lines as they come, and the logs are added to the run's full log (train.log) at the end,
+    with the daemons' logs kept in run_dir/slurm. The cluster lives in a short temporary
+    folder: slurmd's per-step socket paths may have 107 bytes at most.
+    """
+    done = threading.Event()
+    tail = threading.Thread(target=tail_job_logs, args=(run_dir, echo, done), daemon=True)
+    workdir = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+    try:
+        install()
+        # Room for AReaL's two jobs whatever this machine has (1 CPU and 1 GB each, see
+        # launch.training.launcher_overrides, plus AReaL's fixed 10 GB a job); nothing
+        # enforces either.
+        cpus, mem_mb = max(2, os.cpu_count() or 1), 2 * (1024 + 10240)
+        with cluster(workdir, gpus=2, cpus=cpus, mem_mb=mem_mb) as env:
+            tail.start()
+            yield {"SLURM_CONF": env["SLURM_CONF"]}
+    finally:
+        done.set()
+        if tail.is_alive():
+            tail.join()
+        with (run_dir / "train.log").open("a") as full_log:
+            for path in sorted(run_dir.glob(JOB_LOGS)):
+                full_log.write(f"\n===== Slurm job log {path}\n")
+                full_log.write(path.read_text(errors="replace"))
+        for log in workdir.glob("*.log"):
+            (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+            shutil.copy(log, run_dir / "slurm" / log.name)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

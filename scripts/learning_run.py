@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 START = time.time()
 sys.path.insert(0, str(ROOT))
 
-from tools import demo, dev_server  # noqa: E402
+from launch import training  # noqa: E402
+from tools import dev_server  # noqa: E402
 
 
 def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> None:
@@ -81,9 +82,9 @@ def sft_phase(args: argparse.Namespace) -> None:
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
     ]  # fmt: skip
-    env = demo.trainer_env("")
+    env = training.trainer_env("")
     start = time.time()
-    cmd = demo.trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
+    cmd = training.trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
     run(cmd, log=args.work / "sft.log", env=env)
     seconds = time.time() - start
     warm_start = args.work / "warm_start"
@@ -193,7 +194,7 @@ def grpo_phase(args: argparse.Namespace) -> None:
         start = time.time()
         limit = f", stopped after {args.grpo_seconds:.0f} s" if args.grpo_seconds else ""
         print(f"[learn {start - START:.0f} s] train.py, {args.grpo_steps} GRPO steps{limit}", flush=True)
-        stopped = demo.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr,
+        stopped = training.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr,
                                       args.work / "train.log", time_limit=args.grpo_seconds)
         grpo_seconds = time.time() - start
         before = evaluation.result()

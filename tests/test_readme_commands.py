@@ -20,10 +20,10 @@ def readme_training_commands() -> list[str]:
 
 
 def test_the_demo_runs_the_readmes_first_training_command():
-    """`make demo` is that command plus the CPU overrides in tools/demo.py, applied after it."""
-    from tools import demo
+    """`make demo` is that command plus the CPU overrides of launch/training.py, applied after it."""
+    from launch import training
 
-    assert readme_training_commands()[0] == " ".join(["python3", *demo.user_command("single")[1:]])
+    assert readme_training_commands()[0] == " ".join(["python3", *training.user_command("single")[1:]])
 
 
 def parse(command: str):

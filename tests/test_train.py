@@ -8,7 +8,6 @@ protocol to the same client code.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -22,7 +21,8 @@ import torch
 import countdown
 import plot
 from reward_score import compute_score
-from tools import demo, dev_server
+from launch import training
+from tools import dev_server
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(900)
@@ -168,7 +168,7 @@ def greedy_logprobs_of(model_dir: Path, prompt: list[int], completion: list[int]
 
 
 def train_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> list[str]:
-    return demo.cpu_overrides(run_dir, model, data_dir, steps) + [
+    return training.cpu_overrides(run_dir, model, data_dir, steps) + [
         # Constant negative reward, no normalisation: the random model earns no reward, and
         # this still gives every sampled token a non-zero advantage, so weights must move.
         "actor.reward_norm=null", "actor.adv_norm=null", "actor.reward_bias=-0.5",
@@ -178,7 +178,7 @@ def train_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> l
 
 def train(run_dir: Path, model: Path, data_dir: Path, addr: str, steps: int) -> str:
     log = run_dir / f"train-{steps}.log"
-    demo.launch_trainer(run_dir, train_overrides(run_dir, model, data_dir, steps), addr, log)
+    training.launch_trainer(run_dir, train_overrides(run_dir, model, data_dir, steps), addr, log)
     return log.read_text()
 
 
@@ -214,7 +214,7 @@ def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_d
         # A run killed mid-way resumes from its last recover checkpoint. (This launch itself
         # resumes the finished 2-step run at step 3; it is killed once step 3 is logged.)
         killed_log = run_dir / "train-killed.log"
-        cmd, env = demo.trainer_launch(run_dir, train_overrides(run_dir, tiny_model_dir, data_dir, 5), addr)
+        cmd, env = training.trainer_launch(run_dir, train_overrides(run_dir, tiny_model_dir, data_dir, 5), addr)
         with killed_log.open("w") as out:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
@@ -286,10 +286,10 @@ def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # closed again before anyone connects
-    overrides = demo.cpu_overrides(tmp_path, tiny_model_dir, data_dir, steps=1) + ["+rollout.setup_timeout=3"]
-    env = demo.trainer_env(dead)
+    overrides = training.cpu_overrides(tmp_path, tiny_model_dir, data_dir, steps=1) + ["+rollout.setup_timeout=3"]
+    env = training.trainer_env(dead)
     proc = subprocess.Popen(
-        demo.trainer_command(overrides), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        training.trainer_command(overrides), cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     output, _ = proc.communicate(timeout=300)

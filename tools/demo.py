@@ -1,336 +1,38 @@
 """The CPU demo: the whole training loop on a laptop-class machine, no GPU, no downloads.
 
-    python3 -m tools.demo [--launcher single|local]      (what `make demo LAUNCHER=...` runs)
+    python3 -m tools.demo [--launcher single|local|ray|slurm]      (`make demo LAUNCHER=...`)
 
 It builds a small Countdown dataset and a tiny Qwen2-architecture model with the project's
-own tokenizer, then runs the command a user runs, with the CPU overrides below:
+own tokenizer, then runs the command a user runs, with the CPU overrides of
+`launch.training.cpu_overrides` (and any given after the options):
 
     single  python3 train.py --config train_config.yaml scheduler.type=local ...   (default)
     local   python3 -m areal.infra.launcher.local train.py --config train_config.yaml ...
+    ray     the same with areal.infra.launcher.ray, on a one-node Ray cluster started for it
+    slurm   the same with areal.infra.launcher.slurm, on a one-node Slurm cluster (root)
 
 AReaL starts everything itself (RPC workers, rollout server, trainer). The one difference
 from a GPU machine is tools/sglang_seam on PYTHONPATH: the rollout server AReaL starts is the
 dev server instead of SGLang. The model starts from random weights, so its reward stays near
 zero: the demo shows that every part of the loop runs, not that a tiny model learns (see
 docs/results.md for that).
-
-`trainer_launch` and friends run train.py as the SPMD launcher's trainer against a dev server
-the caller started (the learning runs and a few tests use that).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-SEAM = ROOT / "tools" / "sglang_seam"
-LAUNCHERS = ("single", "local", "slurm", "ray")
-
-
-def user_command(launcher: str) -> list[str]:
-    """The README's training command for `launcher`, before any override."""
-    entry = {
-        "single": ["train.py", "--config", "train_config.yaml", "scheduler.type=local"],
-        "local": ["-m", "areal.infra.launcher.local", "train.py", "--config", "train_config.yaml"],
-        "slurm": ["-m", "areal.infra.launcher.slurm", "train.py", "--config", "train_config.yaml"],
-        "ray": ["-m", "areal.infra.launcher.ray", "train.py", "--config", "train_config.yaml"],
-    }[launcher]
-    return [
-        sys.executable, *entry, "experiment_name=countdown-grpo", "trial_name=trial1",
-        "actor.path=Qwen/Qwen2.5-3B-Instruct", "train_dataset.path=data/countdown/qwen/train_e.jsonl",
-        "valid_dataset.path=data/countdown/qwen/test_e.jsonl", "stats_logger.wandb.mode=online",
-    ]  # fmt: skip
-
-
-def launcher_overrides(launcher: str) -> list[str]:
-    """What a launcher needs beyond cpu_overrides on this machine."""
-    if launcher == "local":
-        # AReaL's local launcher takes a finished trainer for a failed one and starts it
-        # again recover.retries times (docs/areal-bugs.md); a demo has nothing to recover.
-        return ["++recover.retries=0"]
-    if launcher == "slurm":
-        # One Slurm job per role, each on whole nodes: the rollout server needs a node of its
-        # own (gen world size // GPUs per node), so two one-GPU nodes, both on this machine.
-        # rollout and ref take actor's scheduling spec (${actor.scheduling_spec}). Each job asks
-        # for spec.cpu CPUs and spec.mem GB per GPU plus 10 GB; AReaL's 8 CPUs and 32 GB would
-        # stay PENDING for ever on this node. container_type none runs the commands as they are
-        # (AReaL's default is apptainer). Its `srun --export=K=V,...` passes only these
-        # variables (no ALL), so the jobs get PATH and the seam from here; a value must not
-        # hold a comma (one server's address has none).
-        spec = "++actor.scheduling_spec.0"  # ++: set whether train_config.yaml has the key or not
-        env = seam_env()
-        return [
-            "cluster.n_nodes=2", f"{spec}.container_type=none", f"{spec}.cpu=1", f"{spec}.mem=1",
-            *(f"{spec}.env_vars.{k}={env[k]}"
-              for k in ("PATH", "PYTHONPATH", "TORCHDYNAMO_DISABLE", "PYTHONUNBUFFERED")),
-            # A failed job is started again recover.retries times; a demo has nothing to recover.
-            "++recover.retries=0",
-        ]  # fmt: skip
-    if launcher == "ray":
-        # The Ray launcher also gives each server whole nodes (all n_gpus_per_node GPUs) and
-        # the trainer the n_nodes left (one node of two GPUs leaves it none and fails with
-        # ZeroDivisionError), so two one-GPU nodes: on a one-node Ray cluster with two GPUs,
-        # its placement groups put both on that node. A failed trainer is started again
-        # recover.retries times; a demo has nothing to recover.
-        return ["cluster.n_nodes=2", "++recover.retries=0"]
-    return []
-
-
-@contextlib.contextmanager
-def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
-    """The cluster a launcher submits to, up for the run; yields the environment to add."""
-    if launcher == "slurm":
-        import tempfile
-
-        from launch import slurm_cluster
-
-        if os.geteuid() != 0:
-            raise RuntimeError("--launcher slurm needs root (launch/slurm_cluster.py runs slurmd)")
-        # The jobs run under slurmd, outside the launcher's process group: leaving this block
-        # cancels them and stops the daemons. SIGTERM leaves it the way Ctrl-C does (once: a
-        # second one must not cut that clean-up short).
-        def interrupt(*_) -> None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            raise KeyboardInterrupt
-
-        # The jobs write their output to <fileroot>/logs/<user>/<experiment>/<trial>/<job>.log,
-        # not to the launcher's: their progress lines are echoed as they come, and the logs
-        # are added to the run's full log (train.log) at the end.
-        job_logs = "logs/*/*/*/*.log"
-        done = threading.Event()
-
-        def echo_progress() -> None:
-            seen: dict[Path, int] = {}
-            while True:
-                last = done.is_set()
-                for path in sorted(run_dir.glob(job_logs)):
-                    with path.open("rb") as f:
-                        f.seek(seen.get(path, 0))
-                        text = f.read()
-                    end = text.rfind(b"\n") + 1
-                    seen[path] = seen.get(path, 0) + end
-                    for line in text[:end].decode(errors="replace").splitlines():
-                        if PROGRESS.search(line):
-                            print(f"[train] {progress_text(line)}", flush=True)
-                if last:
-                    return
-                done.wait(0.5)
-
-        previous = signal.signal(signal.SIGTERM, interrupt)
-        echo = threading.Thread(target=echo_progress, daemon=True)
-        # A short folder: slurmd's per-step socket paths may have 107 bytes at most.
-        workdir = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
-        try:
-            slurm_cluster.install()
-            # Room for AReaL's two jobs whatever this machine has (1 CPU and 1 GB each, see
-            # launcher_overrides, plus AReaL's fixed 10 GB a job); nothing enforces either.
-            cpus, mem_mb = max(2, os.cpu_count() or 1), 2 * (1024 + 10240)
-            with slurm_cluster.cluster(workdir, gpus=2, cpus=cpus, mem_mb=mem_mb) as env:
-                echo.start()
-                yield {"SLURM_CONF": env["SLURM_CONF"]}
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            done.set()
-            if echo.is_alive():
-                echo.join()
-            with (run_dir / "train.log").open("a") as full_log:
-                for path in sorted(run_dir.glob(job_logs)):
-                    full_log.write(f"\n===== Slurm job log {path}\n")
-                    full_log.write(path.read_text(errors="replace"))
-            for log in workdir.glob("*.log"):  # the daemons' logs, kept with the run
-                (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-                shutil.copy(log, run_dir / "slurm" / log.name)
-            shutil.rmtree(workdir, ignore_errors=True)
-        return
-    if launcher == "ray":
-        from launch import ray_cluster
-
-        # Ray's daemons and workers (servers, trainer) run outside the launcher's process
-        # group: leaving this block stops them. SIGTERM leaves it the way Ctrl-C does.
-        def stop_on_sigterm(*_) -> None:
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
-        try:
-            # Ray's workers inherit the seam from `ray start` and start in ROOT, as the
-            # launcher's relative train.py and train_config.yaml need.
-            with ray_cluster.cluster(run_dir / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
-                yield {"RAY_ADDRESS": env["RAY_ADDRESS"]}
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        return
-    yield {}
-
-
-def seam_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment with the dev server in SGLang's place (tools/sglang_seam).
-
-    AReaL starts servers and trainers with a bare `python3` / `torchrun`, so this
-    interpreter's bin folder (the project's .venv) goes first on PATH.
-    """
-    pythonpath = [str(SEAM), os.environ.get("PYTHONPATH", "")]
-    return {
-        **os.environ,
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-        "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
-        # torch.compile of AReaL's log-prob kernels costs ~1 min on CPU, same numbers.
-        "TORCHDYNAMO_DISABLE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **(extra or {}),
-    }
-
-
-def cpu_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> list[str]:
-    """How train_config.yaml (8 GPUs, Qwen2.5-3B) is shrunk to one CPU machine."""
-    return [
-        f"cluster.fileroot={run_dir}",
-        f"cluster.name_resolve.nfs_record_root={run_dir}/name_resolve",
-        "cluster.n_gpus_per_node=1",
-        "allocation_mode=sglang:d1p1t1+fsdp:d1p1t1",
-        "rollout.backend=sglang:d1p1t1",
-        "actor.backend=fsdp:d1p1t1",
-        f"actor.path={model}",
-        "actor.dtype=float32",
-        "actor.gradient_checkpointing=false",
-        "actor.mb_spec.max_tokens_per_mb=4096",
-        "actor.ppo_n_minibatches=1",
-        "actor.optimizer.lr=1e-4",
-        "gconfig.n_samples=4",
-        "gconfig.max_new_tokens=40",
-        "rollout.max_concurrent_rollouts=16",
-        f"train_dataset.path={data_dir}/train_e.jsonl",
-        "train_dataset.batch_size=4",
-        "train_dataset.pin_memory=false",
-        f"valid_dataset.path={data_dir}/test_e.jsonl",
-        "valid_dataset.batch_size=16",
-        "valid_dataset.pin_memory=false",
-        f"total_train_steps={steps}",
-        "evaluator.freq_steps=1",
-        "saver.freq_steps=null",
-        "recover.freq_steps=1",
-    ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from launch.training import LAUNCHERS, ROOT, cpu_overrides, run_user_command
 
 
 def run_step(title: str, cmd: list[str]) -> None:
     print(f"[demo] {title}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
-
-
-def trainer_command(
-    overrides: list[str], script: str = "train.py", config: str = "train_config.yaml"
-) -> list[str]:
-    """The command AReaL's local launcher runs for the trainer (areal/infra/launcher/local.py)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", "1",
-        "--master-addr", "localhost", "--master-port", str(free_port()),
-        script, "--config", config, *overrides,
-    ]  # fmt: skip
-
-
-def trainer_env(server_addr: str) -> dict[str, str]:
-    """The SPMD launcher's trainer environment, pointed at a server the caller started."""
-    return seam_env({"AREAL_SPMD_MODE": "1", "AREAL_LLM_SERVER_ADDRS": server_addr})
-
-
-PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|^train\.py: ")
-
-
-def progress_text(line: str) -> str:
-    """A line to echo: train.py's own messages whole, others' last 160 characters."""
-    line = line.strip()
-    return line if line.startswith("train.py: ") else line[-160:]
-
-
-def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None) -> bool:
-    """Run the trainer in its own process group, echo progress lines, always clean up.
-
-    With `time_limit` (seconds) the trainer is stopped when it runs out; returns whether
-    that happened (a trainer that fails on its own raises).
-    """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-        )  # fmt: skip
-        expired = threading.Event()
-
-        def stop_at_time_limit() -> None:
-            expired.set()
-            stop_group(proc)
-
-        timer = threading.Timer(time_limit, stop_at_time_limit) if time_limit else None
-        if timer:
-            timer.start()
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                if PROGRESS.search(line):
-                    print(f"[train] {progress_text(line)}", flush=True)
-            if proc.wait() != 0 and not expired.is_set():
-                raise RuntimeError(f"training failed (exit {proc.returncode}); see {log_path}")
-            return expired.is_set()
-        finally:
-            if timer:
-                timer.cancel()
-            stop_group(proc)
-
-
-def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group and every process it started (torchrun's workers have
-    sessions of their own), SIGKILL whatever is left after `timeout` seconds."""
-    try:
-        leader = psutil.Process(proc.pid)
-        tree = [leader, *leader.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(sig)
-        _, tree = psutil.wait_procs(tree, timeout=timeout)
-    proc.wait()
-
-
-def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tuple[list[str], dict]:
-    """What `python3 -m areal.infra.launcher.local` does for the trainer, with our server.
-
-    Like the launcher, it clears the run's name_resolve records first: a record left by an
-    earlier launch (say, the run being resumed) would announce a weight update before the
-    new trainer has written it. Returns the command and its environment.
-    """
-    shutil.rmtree(run_dir / "name_resolve", ignore_errors=True)
-    return trainer_command(overrides), trainer_env(server_addr)
-
-
-def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path,
-                   time_limit: float | None = None) -> bool:
-    return run_trainer(*trainer_launch(run_dir, overrides, server_addr), log_path, time_limit)
 
 
 def summary(tensorboard_dir: Path, seconds: float) -> str:
@@ -348,37 +50,6 @@ def summary(tensorboard_dir: Path, seconds: float) -> str:
         f"eval pass@1 {last('eval-rollout/success')}, "
         f"format rate {last('rollout/format_ok')}"
     )
-
-
-# AReaL's local, Ray and Slurm launchers exit 1 even after a complete run (docs/areal-bugs.md).
-EXIT_1_AFTER_SUCCESS = ("local", "ray", "slurm")
-
-
-def run_user_command(
-    launcher: str, run_dir: Path, overrides: list[str], time_limit: float, extra: list[str] = ()
-) -> None:
-    """The README's command for `launcher` with `overrides`, the launcher's own and `extra`
-    (in that order: the last value of a key wins); raises unless every step ran.
-
-    Success is read from what the run wrote (a log line for its last step), not from the
-    exit code alone: some launchers exit 1 after any run.
-    """
-    (run_dir / "name_resolve").mkdir(parents=True, exist_ok=True)  # the launchers require it
-    cmd = [*user_command(launcher), *overrides, *launcher_overrides(launcher), *extra]
-    log_path = run_dir / "train.log"
-    print(f"[demo] {' '.join(cmd[1:])}", flush=True)
-    with launcher_cluster(launcher, run_dir) as cluster_env:
-        try:
-            expired = run_trainer(cmd, seam_env(cluster_env), log_path, time_limit)
-        except RuntimeError:
-            if launcher not in EXIT_1_AFTER_SUCCESS:
-                raise
-            expired = False
-    steps = next(o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps="))
-    if expired:
-        raise RuntimeError(f"training stopped after the {time_limit:.0f} s time limit; see {log_path}")
-    if f"Train step {steps}/" not in log_path.read_text():
-        raise RuntimeError(f"training ended before step {steps}; see {log_path}")
 
 
 def main(argv: list[str] | None = None) -> int:
