@@ -25,8 +25,9 @@ from datasets import Dataset
 
 import countdown
 import areal_patches
+from areal_patches import config_errors
 from areal import SFTTrainer
-from areal.api.cli_args import SFTConfig, load_expr_config
+from areal.api.cli_args import SFTConfig
 from areal.utils.hf_utils import load_hf_tokenizer
 
 
@@ -56,9 +57,12 @@ class WarmStartConfig(SFTConfig):
 
 def main(argv: list[str]) -> None:
     areal_patches.install(weight_push=False, fast_step=False)  # no rollouts; SFTTrainer's LM engine
-    config, _ = load_expr_config(argv, WarmStartConfig)
+    config, _ = config_errors.load_config(argv, WarmStartConfig, "sft.py")
+    try:
+        rows = countdown.load_puzzles(config.train_dataset.path)
+    except countdown.DataError as e:
+        config_errors.exit_bad_input("sft.py", e)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
-    rows = countdown.load_puzzles(config.train_dataset.path)
     examples = sft_examples(tokenizer, rows)
     train_set = Dataset.from_list(pack_examples(examples, config.examples_per_row))
     with SFTTrainer(config, train_dataset=train_set) as trainer:

@@ -150,7 +150,7 @@ def main(argv: list[str]) -> None:
         train_set = load_split(config.train_dataset.path)
         valid_set = load_split(config.valid_dataset.path)
     except (countdown.DataError, FileNotFoundError) as e:
-        raise SystemExit(f"train.py: {e}") from None
+        config_errors.exit_bad_input("train.py", e)
     tokenizer_path = config.tokenizer_path
     with clean_exit.no_process_left(), start_trainer(config, train_set, valid_set) as trainer:
         server_watchdog.watch_rollout_servers(trainer, config.server_health_grace)

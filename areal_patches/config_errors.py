@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import difflib
 import sys
+from typing import NoReturn
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-BAD_INPUT = 2
+BAD_INPUT = 2  # the project's exit status for bad input (options, config, data, model paths)
+
+
+def exit_bad_input(program: str, message: object) -> NoReturn:
+    """One line on stderr, exit status 2: how every command of the project reports bad input."""
+    print(f"{program}: {message}", file=sys.stderr)
+    raise SystemExit(BAD_INPUT)
 
 
 def key_of_override(override: str) -> str:
@@ -72,5 +79,4 @@ def load_config(argv: list[str], config_cls: type, program: str):
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         line = f"{key}: {str(e).splitlines()[0]}" if key else str(e).splitlines()[0]
-    print(f"{program}: {line}", file=sys.stderr)
-    raise SystemExit(BAD_INPUT)
+    exit_bad_input(program, line)

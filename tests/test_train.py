@@ -269,17 +269,17 @@ def test_bad_inputs_give_actionable_errors(tiny_model_dir, data_dir, tmp_path):
             f"actor.path={tiny_model_dir}", f"valid_dataset.path={data_dir}/test_e.jsonl"]  # fmt: skip
     missing = tmp_path / "missing.jsonl"
     proc = run_train_py([*base, f"train_dataset.path={missing}"])
-    assert proc.returncode != 0
+    assert proc.returncode == 2  # the project's status for bad input
     assert f"{missing}: no such file; run `python3 countdown.py`" in proc.stderr
 
     broken = tmp_path / "broken.jsonl"
     good = (data_dir / "test_e.jsonl").read_text().splitlines()
     broken.write_text("\n".join([good[0], '{"nums": [1, 2], "target": ', *good[1:3]]) + "\n")
     proc = run_train_py([*base, f"train_dataset.path={broken}"])
-    assert proc.returncode != 0 and f"{broken}:2:" in proc.stderr
+    assert proc.returncode == 2 and f"{broken}:2:" in proc.stderr
 
     proc = run_train_py([*base, f"train_dataset.path={data_dir}/train_e.jsonl", "actor.path=/no/such/model"])
-    assert proc.returncode != 0 and "'/no/such/model' does not exist" in proc.stderr
+    assert proc.returncode == 2 and "'/no/such/model' does not exist" in proc.stderr
 
 
 def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, data_dir, tmp_path):

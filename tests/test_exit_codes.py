@@ -1,0 +1,28 @@
+"""One convention for bad input across the project's commands: one line on stderr naming what
+is wrong, exit status 2, and nothing started (README, "Exit codes")."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MISSING = "/no/such/dir/test_e.jsonl"
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["countdown.py", "--min-numbers", "9"], "countdown.py: error:"),
+        (["train.py", "--config", "train_config.yaml", f"train_dataset.path={MISSING}"], f"train.py: {MISSING}: no such file"),
+        (["sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={MISSING}"], f"sft.py: {MISSING}: no such file"),
+        (["evaluate.py", "--server", "127.0.0.1:1", "--tokenizer", ".", "--data", MISSING], f"evaluate.py: {MISSING}: no such file"),
+        (["plot.py", "/no/such/dir"], "plot.py: "),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(command, expected, tmp_path):
+    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
