@@ -190,15 +190,25 @@ def trainer_env(server_addr: str) -> dict[str, str]:
     return seam_env({"AREAL_SPMD_MODE": "1", "AREAL_LLM_SERVER_ADDRS": server_addr})
 
 
-PROGRESS = re.compile(r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|^train\.py: ")
+PROGRESS = re.compile(
+    r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|dev_server INFO serving on|^train\.py: "
+)
+
+
+# AReaL colours its log lines whatever the output is: files get them plain.
+COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def plain(line: str) -> str:
+    return COLOUR.sub("", line)
 
 
 def echo_progress(line: str) -> None:
     """Show a run's log line if it marks progress or trouble: train.py's own messages whole,
-    others' last 160 characters."""
-    if PROGRESS.search(line):
-        line = line.strip()
-        print(f"[train] {line if line.startswith('train.py: ') else line[-160:]}", flush=True)
+    others' last 160 characters; in colour only on a terminal."""
+    if PROGRESS.search(plain(line)):
+        line = (line if sys.stdout.isatty() else plain(line)).strip()
+        print(f"[train] {line if plain(line).startswith('train.py: ') else line[-160:]}", flush=True)
 
 
 def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None) -> bool:
@@ -224,7 +234,7 @@ def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit:
             timer.start()
         try:
             for line in proc.stdout:
-                log.write(line)
+                log.write(plain(line))
                 echo_progress(line)
             if proc.wait() != 0 and not expired.is_set():
                 raise RuntimeError(f"training failed (exit {proc.returncode}); see {log_path}")

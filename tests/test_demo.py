@@ -38,6 +38,7 @@ def test_demo_trains_plots_and_summarises(tmp_path):
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
     assert "rollout/reward" in (run_dir / "curves.csv").read_text().splitlines()[0]
     assert list(run_dir.glob("checkpoints/*/*/*/default/recover_checkpoint/*"))
+    assert "\x1b[" not in (run_dir / "train.log").read_text()  # AReaL's colours stay off the file
     assert processes_mentioning(run_dir) == ""
 
 

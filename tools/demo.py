@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                              "--train-size", "2000", "--test-size", "32"])  # fmt: skip
     run_step("2/3 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
                                 "--out", str(model_dir), "--preset", "tiny"])  # fmt: skip
-    print(f"[demo] 3/3 training, launcher {args.launcher} (full log: {run_dir / 'train.log'})", flush=True)
+    print(f"[demo] 3/3 training, launcher {args.launcher} (full log: {run_dir / 'train.log'}): AReaL starts "
+          "its workers and the rollout server, then the first batch of rollouts; the first step takes longest",
+          flush=True)  # fmt: skip
     overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps) + [
         f"actor.path={model_dir}", "stats_logger.wandb.mode=disabled",
     ]  # fmt: skip
