@@ -7,15 +7,12 @@ Wall-clock and CPU rates are both shown: they differ when the machine is busy.
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from countdown import generate_puzzles, make_row, solve, write_jsonl  # noqa: E402
+from countdown import generate_puzzles, make_row, solve, write_jsonl
 
 
 def generate_and_write(n: int, folder: Path, **settings) -> list[dict]:

@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import plot  # noqa: E402
-from bench_reward import make_corpus  # noqa: E402
-from reward_score import compute_score  # noqa: E402
-from tools import demo  # noqa: E402
+import plot
+from bench.bench_reward import make_corpus
+from reward_score import compute_score
+from tools import demo
 
 # (what a reader calls it, AReaL's timer)
 PHASES = [

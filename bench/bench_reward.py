@@ -8,15 +8,11 @@ worst-case times on adversarial inputs.
 import argparse
 import random
 import re
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE  # noqa: E402
-from countdown import generate_puzzles  # noqa: E402
-from reward_score import compute_score  # noqa: E402
+from bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
+from countdown import generate_puzzles
+from reward_score import compute_score
 
 # -----------------------------------------------------------------------------
 # the baseline: regex + eval, as in TinyZero's countdown reward (do not use it)

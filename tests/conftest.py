@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +27,6 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
-sys.path.insert(0, sys.argv[1])
 """
 
 
