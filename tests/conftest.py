@@ -1,7 +1,9 @@
 """Shared fixtures: the project's tiny model is built once per test session (a few seconds),
-and a runner for scripts that need a torch.distributed process of their own."""
+a runner for scripts that need a torch.distributed process of their own, and the CPU demo
+started as a terminal starts it."""
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +51,34 @@ def single_rank():
         return json.loads(line.removeprefix("RESULT "))
 
     return run
+
+
+@pytest.fixture
+def start_demo():
+    """`python3 -m tools.demo RUN_DIR ARGS...` as a terminal starts it: with Ctrl-C's default
+    action, even where pytest runs under a shell that started it in the background with
+    SIGINT ignored (inherited, that would keep Python from raising KeyboardInterrupt).
+
+    A demo still running when its test ends (a failed assertion, a time-out) gets Ctrl-C,
+    which stops every process of its run, and is killed if that takes over a minute.
+    """
+    started: list[subprocess.Popen] = []
+
+    def start(run_dir: Path, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tools.demo", "--run-dir", str(run_dir), *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -2,34 +2,21 @@
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(600)
-
-
-def start_demo(run_dir: Path, steps: int) -> subprocess.Popen:
-    """The demo as a terminal starts it: with Ctrl-C's default action, even where this test
-    runs under a shell that started it in the background with SIGINT ignored (inherited, an
-    ignored SIGINT would keep Python from raising KeyboardInterrupt)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tools.demo", "--run-dir", str(run_dir), "--steps", str(steps)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
 
 
 def processes_mentioning(path: Path) -> str:
     return subprocess.run(["pgrep", "-af", str(path)], capture_output=True, text=True).stdout.strip()
 
 
-def test_demo_trains_plots_and_summarises(tmp_path):
+def test_demo_trains_plots_and_summarises(start_demo, tmp_path):
     run_dir = tmp_path / "demo"
-    proc = start_demo(run_dir, steps=2)
+    proc = start_demo(run_dir, "--steps", "2")
     output, _ = proc.communicate(timeout=580)
     assert proc.returncode == 0, output[-3000:]
     assert "Train step 2/" in output
@@ -42,9 +29,9 @@ def test_demo_trains_plots_and_summarises(tmp_path):
     assert processes_mentioning(run_dir) == ""
 
 
-def test_interrupted_demo_leaves_no_process_behind(tmp_path):
+def test_interrupted_demo_leaves_no_process_behind(start_demo, tmp_path):
     run_dir = tmp_path / "demo"
-    proc = start_demo(run_dir, steps=50)
+    proc = start_demo(run_dir, "--steps", "50")
     deadline = time.time() + 500
     for line in proc.stdout:
         if "Train step 1/" in line or time.time() > deadline:

@@ -47,17 +47,6 @@ def needs(launcher: str) -> None:
         pytest.skip("the Slurm cluster needs root (slurmd, munged; Slurm is installed with apt)")
 
 
-def start_demo(run_dir: Path, launcher: str, steps: int, *overrides: str) -> subprocess.Popen:
-    """The demo as a terminal starts it: with Ctrl-C's default action, even where pytest runs
-    under a shell that started it in the background with SIGINT ignored."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tools.demo", "--launcher", launcher, "--run-dir", str(run_dir),
-         "--steps", str(steps), *overrides],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-
-
 def wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> str:
     """Output up to the first line holding `text` (the demo echoes the run's progress)."""
     seen, deadline = [], time.time() + timeout
@@ -104,11 +93,11 @@ def server_loads(run_dir: Path) -> list[tuple[str, float]]:
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, tmp_path):
+def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, start_demo, tmp_path):
     needs(launcher)
     before = live_processes()
     run_dir = tmp_path / "run"
-    proc = start_demo(run_dir, launcher, 2, *WEIGHTS_MOVE)
+    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE)
     output, _ = proc.communicate(timeout=840)
     assert proc.returncode == 0, output[-4000:]
     assert output.strip().splitlines()[-1].startswith("[demo] done in"), output[-3000:]
@@ -128,56 +117,47 @@ def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, tmp_pa
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_interrupted_run_leaves_no_process_behind(launcher, tmp_path):
+def test_interrupted_run_leaves_no_process_behind(launcher, start_demo, tmp_path):
     needs(launcher)
     before = live_processes()
     run_dir = tmp_path / "run"
-    proc = start_demo(run_dir, launcher, 50)
-    try:
-        wait_for_line(proc, "Train step 1/", timeout=600)
-        assert any("sglang.launch_server" in cmd for cmd in live_processes().values())
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "50")
+    wait_for_line(proc, "Train step 1/", timeout=600)
+    assert any("sglang.launch_server" in cmd for cmd in live_processes().values())
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, rest[-2000:]
     assert "interrupted; all processes stopped" in rest
     assert left_behind(run_dir, before) == []
 
 
-def test_a_killed_rollout_server_stops_the_run_with_one_line_naming_it(tmp_path):
+def test_a_killed_rollout_server_stops_the_run_with_one_line_naming_it(start_demo, tmp_path):
     """Single controller: AReaL would retry the dead server's requests for ever."""
     before = live_processes()
     run_dir = tmp_path / "run"
-    proc = start_demo(run_dir, "single", 50, "server_health_grace=10")
-    try:
-        wait_for_line(proc, "Train step 1/", timeout=600)
-        server = next(p for p, cmd in live_processes().items() if "sglang.launch_server" in cmd and str(run_dir) in cmd)
-        psutil.Process(server).kill()
-        killed = time.time()
-        rest, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    proc = start_demo(run_dir, "--steps", "50", "server_health_grace=10")
+    wait_for_line(proc, "Train step 1/", timeout=600)
+    server = next(p for p, cmd in live_processes().items() if "sglang.launch_server" in cmd and str(run_dir) in cmd)
+    psutil.Process(server).kill()
+    killed = time.time()
+    rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, rest[-2000:]
     assert time.time() - killed < 60
     assert re.search(r"rollout server \S+ has not answered /health for 10 s", rest), rest[-2000:]
     assert left_behind(run_dir, before) == []
 
 
-def test_a_killed_trainer_is_resumed_by_the_local_launchers_retry(tmp_path):
+def test_a_killed_trainer_is_resumed_by_the_local_launchers_retry(start_demo, tmp_path):
     """recover.mode=auto with a retry: AReaL's local launcher starts the trainer again, and it
     resumes from the last recover checkpoint (one per step here) at the right step."""
     before = live_processes()
     run_dir = tmp_path / "run"
-    proc = start_demo(run_dir, "local", 4, "++recover.retries=1")
-    try:
-        wait_for_line(proc, "Train step 2/", timeout=600)
-        trainer = next(p for p, cmd in live_processes().items() if is_torchrun(cmd) and str(run_dir) in cmd)
-        for process in [*psutil.Process(trainer).children(recursive=True), psutil.Process(trainer)]:
-            process.kill()
-        output, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
+    proc = start_demo(run_dir, "--launcher", "local", "--steps", "4", "++recover.retries=1")
+    wait_for_line(proc, "Train step 2/", timeout=600)
+    trainer = next(p for p, cmd in live_processes().items() if is_torchrun(cmd) and str(run_dir) in cmd)
+    for process in [*psutil.Process(trainer).children(recursive=True), psutil.Process(trainer)]:
+        process.kill()
+    output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     # Everything after the launcher's "is_recover_run=True" is its own retry, not a new command.
     first_run, retry = (run_dir / "train.log").read_text(errors="replace").split("is_recover_run=True", 1)
