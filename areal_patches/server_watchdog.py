@@ -77,5 +77,8 @@ def watch_rollout_servers(trainer, grace: float) -> None:
     from areal.utils.environ import is_single_controller
     from areal.utils.network import format_hostport
 
-    if grace > 0 and is_single_controller():
-        watch([format_hostport(s.host, s.port) for s in trainer.rollout.server_infos], grace)
+    if grace <= 0 or not is_single_controller():
+        return
+    addresses = [format_hostport(s.host, s.port) for s in trainer.rollout.server_infos]
+    if addresses:
+        watch(addresses, grace)

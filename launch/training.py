@@ -142,6 +142,9 @@ def seam_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
+CPU_BATCH_SIZE = 4  # puzzles per step on CPU
+
+
 def cpu_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> list[str]:
     """How train_config.yaml (8 GPUs, Qwen2.5-3B) is shrunk to one CPU machine."""
     return [
@@ -161,7 +164,7 @@ def cpu_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> lis
         "gconfig.max_new_tokens=40",
         "rollout.max_concurrent_rollouts=16",
         f"train_dataset.path={data_dir}/train_e.jsonl",
-        "train_dataset.batch_size=4",
+        f"train_dataset.batch_size={CPU_BATCH_SIZE}",
         "train_dataset.pin_memory=false",
         f"valid_dataset.path={data_dir}/test_e.jsonl",
         "valid_dataset.batch_size=16",

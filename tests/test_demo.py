@@ -19,7 +19,7 @@ def test_demo_trains_plots_and_summarises(start_demo, tmp_path):
     proc = start_demo(run_dir, "--steps", "2")
     output, _ = proc.communicate(timeout=580)
     assert proc.returncode == 0, output[-3000:]
-    assert "Train step 2/" in output
+    assert "Train step 2/2 done" in output  # the run's real total
     summary = output.strip().splitlines()[-1]
     assert summary.startswith("[demo] done in") and "2 steps" in summary and "eval pass@1" in summary
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
@@ -29,8 +29,11 @@ def test_demo_trains_plots_and_summarises(start_demo, tmp_path):
     assert processes_mentioning(run_dir) == ""
 
 
-def test_interrupted_demo_leaves_no_process_behind(start_demo, tmp_path):
+def test_interrupted_demo_leaves_no_process_behind_and_keeps_the_previous_run(start_demo, tmp_path):
     run_dir = tmp_path / "demo"
+    run_dir.mkdir()
+    previous = run_dir / "curves.png"
+    previous.write_bytes(b"the previous run's picture")
     proc = start_demo(run_dir, "--steps", "50")
     deadline = time.time() + 500
     for line in proc.stdout:
@@ -43,3 +46,4 @@ def test_interrupted_demo_leaves_no_process_behind(start_demo, tmp_path):
     assert "interrupted; all processes stopped" in rest
     time.sleep(2)
     assert processes_mentioning(run_dir) == ""
+    assert previous.read_bytes() == b"the previous run's picture"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -311,6 +312,8 @@ def test_skip_uniform_groups_hands_the_filter_to_the_trainer(tiny_model_dir, dat
     calls = []
 
     class Recorder:
+        rollout = SimpleNamespace(server_infos=[])  # what the server watchdog reads
+
         def __enter__(self):
             return self
 

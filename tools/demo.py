@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from launch.training import LAUNCHERS, ROOT, cpu_overrides, run_user_command
+from launch.training import CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, run_user_command
 
 
 def run_step(title: str, cmd: list[str]) -> None:
@@ -62,11 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     start = time.time()
-    run_dir = args.run_dir.resolve()
-    shutil.rmtree(run_dir, ignore_errors=True)  # a demo always starts from step 0
+    final_dir = args.run_dir.resolve()
+    # A demo starts from step 0, in a folder of its own: the previous run's stays until this
+    # one has completed, so an interrupted demo loses nothing.
+    run_dir = final_dir.with_name(final_dir.name + ".partial")
+    shutil.rmtree(run_dir, ignore_errors=True)
     data_dir, model_dir = run_dir / "data", run_dir / "model"
+    # One epoch is the whole run: AReaL counts its progress ("Train step 1/N") in epochs.
+    train_size = args.steps * CPU_BATCH_SIZE
     run_step("1/3 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir),
-                             "--train-size", "2000", "--test-size", "32"])  # fmt: skip
+                             "--train-size", str(train_size), "--test-size", "32"])  # fmt: skip
     run_step("2/3 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
                                 "--out", str(model_dir), "--preset", "tiny"])  # fmt: skip
     print(f"[demo] 3/3 training, launcher {args.launcher} (full log: {run_dir / 'train.log'}): AReaL starts "
@@ -76,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         f"actor.path={model_dir}", "stats_logger.wandb.mode=disabled",
     ]  # fmt: skip
     run_user_command(args.launcher, run_dir, overrides, args.time_limit, args.overrides)
-    tensorboard_dir = run_dir / "logs" / "tensorboard"
+    shutil.rmtree(final_dir, ignore_errors=True)
+    run_dir.rename(final_dir)
+    tensorboard_dir = final_dir / "logs" / "tensorboard"
     subprocess.run([sys.executable, "plot.py", str(tensorboard_dir),
-                    "--out", str(run_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip
+                    "--out", str(final_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip
     print(summary(tensorboard_dir, time.time() - start))
     return 0
 
