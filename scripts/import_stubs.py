@@ -72,11 +72,16 @@ def __getattr__(name):
 '''
 
 
+# Answers the stand-ins must give truthfully: a dummy is truthy, and areal's single
+# controller takes its Ray paths (Ray tensors, ray.cloudpickle) when ray.is_initialized() is.
+EXTRA_SOURCE = {"ray": "\n\ndef is_initialized():\n    return False\n"}
+
+
 def write_stubs(root: Path) -> Path:
     for name in STUBBED:
         package = root / name
         package.mkdir(parents=True, exist_ok=True)
-        (package / "__init__.py").write_text(STUB_SOURCE)
+        (package / "__init__.py").write_text(STUB_SOURCE + EXTRA_SOURCE.get(name, ""))
     return root
 
 
