@@ -1,5 +1,6 @@
 """The CPU demo (`make demo`) as a user runs it: outputs, summary, and clean interruption."""
 
+import re
 import signal
 import subprocess
 import time
@@ -20,8 +21,10 @@ def test_demo_trains_plots_and_summarises(start_demo, tmp_path):
     output, _ = proc.communicate(timeout=580)
     assert proc.returncode == 0, output[-3000:]
     assert "Train step 2/2 done" in output  # the run's real total
-    summary = output.strip().splitlines()[-1]
+    summary, evaluate = output.strip().splitlines()[-2:]
     assert summary.startswith("[demo] done in") and "2 steps" in summary and "eval pass@1" in summary
+    model = Path(re.search(r"evaluate.py --model (\S+) --data", evaluate)[1])
+    assert (model / "config.json").exists() and list(model.glob("*.safetensors"))
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
     assert "rollout/reward" in (run_dir / "curves.csv").read_text().splitlines()[0]
     assert list(run_dir.glob("checkpoints/*/*/*/default/recover_checkpoint/*"))

@@ -100,7 +100,8 @@ def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, start_
     proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE)
     output, _ = proc.communicate(timeout=840)
     assert proc.returncode == 0, output[-4000:]
-    assert output.strip().splitlines()[-1].startswith("[demo] done in"), output[-3000:]
+    summary, evaluate = output.strip().splitlines()[-2:]
+    assert summary.startswith("[demo] done in") and evaluate.startswith("[demo] evaluate the trained model"), output[-3000:]
     assert "Train step 2/" in output
 
     scalars = plot.load_run(run_dir / "logs" / "tensorboard")

@@ -52,6 +52,12 @@ def summary(tensorboard_dir: Path, seconds: float) -> str:
     )
 
 
+def evaluate_command(run_dir: Path) -> str:
+    """The README's evaluation command for the model the run saved last, on its test split."""
+    saved = max(run_dir.glob("checkpoints/*/*/*/default/epoch*globalstep*"), key=lambda p: p.stat().st_mtime)
+    return f"python3 evaluate.py --model {saved} --data {run_dir / 'data' / 'test_e.jsonl'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the whole GRPO loop on CPU.")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "cpu-demo")
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)  # fmt: skip
     overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps) + [
         f"actor.path={model_dir}", "stats_logger.wandb.mode=disabled",
+        f"saver.freq_steps={args.steps}",  # the trained model, as a Hugging Face folder
     ]  # fmt: skip
     run_user_command(args.launcher, run_dir, overrides, args.time_limit, args.overrides)
     shutil.rmtree(final_dir, ignore_errors=True)
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, "plot.py", str(tensorboard_dir),
                     "--out", str(final_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip
     print(summary(tensorboard_dir, time.time() - start))
+    print(f"[demo] evaluate the trained model: {evaluate_command(final_dir)}")
     return 0
 
 
