@@ -25,7 +25,7 @@ import countdown
 from areal_patches import clean_exit, config_errors, server_watchdog
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
-from areal.api.cli_args import GenerationHyperparameters, GRPOConfig
+from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, PPOActorConfig
 from areal.utils import stats_tracker
 from areal.utils.hf_utils import load_hf_tokenizer
 from reward_score import compute_score, has_think_answer_format
@@ -105,7 +105,17 @@ def has_reward_spread(group: dict[str, torch.Tensor]) -> bool:
 
 
 @dataclass
+class CountDownActorConfig(PPOActorConfig):
+    layers_not_checkpointed: int = field(
+        default=0,
+        metadata={"help": "with gradient checkpointing on, the last N decoder layers keep their "
+                  "activations (areal_patches/fast_step.py): faster steps for more memory; 0 is AReaL's"},
+    )
+
+
+@dataclass
 class CountDownConfig(GRPOConfig):
+    actor: CountDownActorConfig = field(default_factory=CountDownActorConfig)
     skip_uniform_groups: bool = field(
         default=False, metadata={"help": "train only on puzzles whose completions got different rewards"}
     )

@@ -3,6 +3,8 @@
 import functools
 import importlib.util
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -123,28 +125,15 @@ def test_compiled_layers_compute_what_the_model_computes(tiny_model_dir):
         assert (a - b).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("value, expected", [(None, 0), ("0", 0), ("8", 8), ("12", 12)])
-def test_layers_not_checkpointed_comes_from_the_environment(monkeypatch, value, expected):
-    if value is None:
-        monkeypatch.delenv(fast_step.LAYERS_NOT_CHECKPOINTED, raising=False)
-    else:
-        monkeypatch.setenv(fast_step.LAYERS_NOT_CHECKPOINTED, value)
-    assert fast_step.layers_not_checkpointed() == expected
+@pytest.mark.parametrize("override, expected", [(None, 8), ("actor.layers_not_checkpointed=0", 0)])
+def test_layers_not_checkpointed_is_a_field_of_the_actors_config(override, expected):
+    """train.py's actor config carries it to the trainer (its workers rebuild the class)."""
+    import train
+    from areal.api.cli_args import load_expr_config
 
-
-@pytest.mark.parametrize("value", ["-1", "eight", "2.5", ""])
-def test_a_bad_layer_count_names_the_variable_and_where_it_is_set(monkeypatch, value):
-    monkeypatch.setenv(fast_step.LAYERS_NOT_CHECKPOINTED, value)
-    with pytest.raises(ValueError, match=f"{fast_step.LAYERS_NOT_CHECKPOINTED}=.*train_config.yaml"):
-        fast_step.layers_not_checkpointed()
-
-
-def test_layer_count_read_from_the_configs_env_vars_is_checked_the_same_way():
-    name = fast_step.LAYERS_NOT_CHECKPOINTED
-    assert fast_step.layers_not_checkpointed({name: "3"}) == 3
-    assert fast_step.layers_not_checkpointed({}) == 0
-    with pytest.raises(ValueError, match=f"{name}='three'"):
-        fast_step.layers_not_checkpointed({name: "three"})
+    argv = ["--config", str(Path(train.__file__).parent / "train_config.yaml"), *([override] if override else [])]
+    config, _ = load_expr_config(argv, train.CountDownConfig)
+    assert config.actor.layers_not_checkpointed == expected
 
 
 @pytest.mark.parametrize("n_layers, expected", [(0, [True] * 4), (1, [True] * 3 + [False]),
@@ -240,7 +229,7 @@ areal_patches.install(weight_push=False)
 def build_actor(*overrides):  # the project's FSDPPPOActor on the tiny model, one rank
     config, _ = load_expr_config([
         "--config", f"{root}/train_config.yaml", f"actor.path={model_path}", "actor.backend=fsdp:d1",
-        "actor.optimizer.warmup_steps_proportion=0", "gconfig.n_samples=3", *overrides,
+        "actor.optimizer.warmup_steps_proportion=0", "gconfig.n_samples=3", "actor.layers_not_checkpointed=0", *overrides,
     ], train.CountDownConfig)
     actor = FSDPPPOActor(config.actor)
     actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
@@ -263,8 +252,9 @@ def batch():
 # The shipped bf16 parameters on fp32 master weights and gradient checkpointing; a learning
 # rate large enough to move every log-prob; 2 minibatches (2 optimizer steps) of several
 # 48-token micro-batches each.
-def training_actor():
-    return build_actor("actor.optimizer.lr=1e-2", "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48")
+def training_actor(*overrides):
+    return build_actor("actor.optimizer.lr=1e-2", "actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=48",
+                       *overrides)
 
 # Two GRPO steps (compute_logp, then ppo_update), each call run through `counted`, which
 # returns the call's output and what it counted; then the weights.
@@ -407,12 +397,9 @@ def test_parameters_gathered_once_per_pass_give_areals_logprobs_and_weights(tiny
 
 
 KEEP_ACTIVATIONS_SCRIPT = ACTOR_SCRIPT + r"""
-from areal_patches import fast_step
-
-# As AReaL's schedulers and launchers start a trainer from train_config.yaml's env_vars; the
-# tiny model has 2 layers, so the second keeps its activations.
-os.environ[fast_step.LAYERS_NOT_CHECKPOINTED] = "1"
-actor = training_actor()
+# The tiny model has 2 layers: with actor.layers_not_checkpointed=1 the second keeps its
+# activations.
+actor = training_actor("actor.layers_not_checkpointed=1")
 layers = actor.model.get_decoder().layers
 at_creation = [layer.gradient_checkpointing for layer in layers]
 calls = [0] * len(layers)  # forwards per layer: a recomputation runs the layer's forward again
@@ -444,7 +431,7 @@ print("RESULT", json.dumps(dict(
 
 @pytest.mark.timeout(300)
 def test_layers_keeping_activations_skip_recomputation_and_give_the_same_training(tiny_model_dir, single_rank):
-    """The trainer started with FAST_STEP_LAYERS_NOT_CHECKPOINTED=1: its last layer runs one
+    """The trainer with actor.layers_not_checkpointed=1: its last layer runs one
     forward per micro-batch in ppo_update where a checkpointed layer runs two, and two GRPO
     steps give the same log-probs (before and after the optimizer steps) and the same
     weights as with every layer recomputed, from the same weights and optimizer state."""

@@ -130,10 +130,8 @@ class Sample:
 def shipped_setting() -> Setting:
     import yaml
 
-    from areal_patches import fast_step
-
     actor = yaml.safe_load((ROOT / "train_config.yaml").read_text())["actor"]
-    kept = fast_step.layers_not_checkpointed(actor["scheduling_spec"][0]["env_vars"])
+    kept = actor.get("layers_not_checkpointed", 0)
     return Setting(actor["gradient_checkpointing"], actor["mb_spec"]["max_tokens_per_mb"], actor["ppo_n_minibatches"],
                    kept, actor["mb_spec"].get("packing_algorithm", "ffd"))  # fmt: skip
 
@@ -308,7 +306,8 @@ def build_actor(shape: str, n_seqs: int):
     areal_patches.install(weight_push=False)  # as train.py's main() does, less the rollout client's fix
     config, _ = load_expr_config(
         ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", "actor.backend=fsdp:d1",
-         "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr"]
+         "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr",
+         "actor.layers_not_checkpointed=0"]  # each row sets its own (configure)
         + (["actor.dtype=float32"] if DEVICE == "cpu" else []),  # bf16 matmuls crawl on CPU
         CountDownConfig,
     )  # fmt: skip
