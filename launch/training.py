@@ -53,36 +53,35 @@ def user_command(launcher: str) -> list[str]:
 
 def launcher_overrides(launcher: str) -> list[str]:
     """What a launcher needs beyond cpu_overrides on this machine."""
+    if launcher == "single":
+        return []
+    # The SPMD launchers start a failed trainer again recover.retries times, and the local one
+    # takes a finished trainer for a failed one (docs/areal-bugs.md): a demo has nothing to
+    # recover. (++: set whether train_config.yaml has the key or not.)
+    no_retries = ["++recover.retries=0"]
     if launcher == "local":
-        # AReaL's local launcher takes a finished trainer for a failed one and starts it
-        # again recover.retries times (docs/areal-bugs.md); a demo has nothing to recover.
-        return ["++recover.retries=0"]
-    if launcher == "slurm":
-        # One Slurm job per role, each on whole nodes: the rollout server needs a node of its
-        # own (gen world size // GPUs per node), so two one-GPU nodes, both on this machine.
-        # rollout and ref take actor's scheduling spec (${actor.scheduling_spec}). Each job asks
-        # for spec.cpu CPUs and spec.mem GB per GPU plus 10 GB; AReaL's 8 CPUs and 32 GB would
-        # stay PENDING for ever on this node. container_type none runs the commands as they are
-        # (AReaL's default is apptainer). Its `srun --export=K=V,...` passes only these
-        # variables (no ALL), so the jobs get PATH and the seam from here; a value must not
-        # hold a comma (one server's address has none).
-        spec = "++actor.scheduling_spec.0"  # ++: set whether train_config.yaml has the key or not
-        env = seam_env()
-        return [
-            "cluster.n_nodes=2", f"{spec}.container_type=none", f"{spec}.cpu=1", f"{spec}.mem=1",
-            *(f"{spec}.env_vars.{k}={env[k]}"
-              for k in ("PATH", "PYTHONPATH", "TORCHDYNAMO_DISABLE", "PYTHONUNBUFFERED")),
-            # A failed job is started again recover.retries times; a demo has nothing to recover.
-            "++recover.retries=0",
-        ]  # fmt: skip
+        return no_retries
     if launcher == "ray":
-        # The Ray launcher also gives each server whole nodes (all n_gpus_per_node GPUs) and
-        # the trainer the n_nodes left (one node of two GPUs leaves it none and fails with
+        # The Ray launcher gives each server whole nodes (all n_gpus_per_node GPUs) and the
+        # trainer the n_nodes left (one node of two GPUs leaves it none and fails with
         # ZeroDivisionError), so two one-GPU nodes: on a one-node Ray cluster with two GPUs,
-        # its placement groups put both on that node. A failed trainer is started again
-        # recover.retries times; a demo has nothing to recover.
-        return ["cluster.n_nodes=2", "++recover.retries=0"]
-    return []
+        # its placement groups put both on that node.
+        return ["cluster.n_nodes=2", *no_retries]
+    # Slurm: one job per role, each on whole nodes: the rollout server needs a node of its
+    # own (gen world size // GPUs per node), so two one-GPU nodes, both on this machine.
+    # rollout and ref take actor's scheduling spec (${actor.scheduling_spec}). Each job asks
+    # for spec.cpu CPUs and spec.mem GB per GPU plus 10 GB; AReaL's 8 CPUs and 32 GB would
+    # stay PENDING for ever on this node. container_type none runs the commands as they are
+    # (AReaL's default is apptainer). Its `srun --export=K=V,...` passes only these variables
+    # (no ALL), so the jobs get PATH and the seam from here; a value must not hold a comma
+    # (one server's address has none).
+    spec = "++actor.scheduling_spec.0"
+    env = seam_env()
+    return [
+        "cluster.n_nodes=2", f"{spec}.container_type=none", f"{spec}.cpu=1", f"{spec}.mem=1",
+        *(f"{spec}.env_vars.{k}={env[k]}" for k in ("PATH", "PYTHONPATH", "TORCHDYNAMO_DISABLE", "PYTHONUNBUFFERED")),
+        *no_retries,
+    ]  # fmt: skip
 
 
 @contextlib.contextmanager
