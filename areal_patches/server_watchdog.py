@@ -24,7 +24,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-import psutil
+from areal_patches import clean_exit
 
 
 def healthy(address: str, timeout: float) -> bool:
@@ -38,10 +38,7 @@ def healthy(address: str, timeout: float) -> bool:
 def stop_run(message: str) -> None:
     """Print `message`, kill every process this one started, and exit at once."""
     print(message, file=sys.stderr, flush=True)
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        child.kill()
-    psutil.wait_procs(children, timeout=10)
+    clean_exit.kill_descendants()
     os._exit(1)
 
 
