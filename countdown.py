@@ -309,18 +309,23 @@ def write_jsonl(paths_rows: Iterable[tuple[str | Path, list[dict]]]) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def read_puzzle_file(path: str) -> bytes:
+    """The file's bytes, or DataError saying how to create a missing file."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file; run `python3 countdown.py` to create it") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
 def load_puzzles(path: str) -> list[dict]:
     """Read and validate a JSONL file of puzzles (the schema in the module docstring).
 
     Every row must have integer `nums` and `target`, a `solution` that the reward
     scores as correct, and `messages`; no puzzle may appear twice. Raises DataError
     naming the file and 1-based line number of the first problem."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file; run `python3 countdown.py` to create it") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+    data = read_puzzle_file(path)
     rows: list[dict] = []
     first_seen: dict[tuple, int] = {}
     for lineno, line in enumerate(data.split(b"\n"), 1):

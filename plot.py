@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+if __name__ == "__main__":  # the wrong Python costs one line, not a traceback
+    from launch import preflight
+
+    preflight.require_modules("plot.py", ("matplotlib", "tensorboard"))
+
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator

@@ -21,11 +21,17 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+if __name__ == "__main__":  # a mistake costs one line, not the slow imports below
+    from launch import preflight
+
+    preflight.check_trainer_command("sft.py", sys.argv[1:], ("train_dataset.path",))
+
 from datasets import Dataset
 
 import countdown
 import areal_patches
 from areal_patches import config_errors
+from launch import preflight
 from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig
 from areal.utils.hf_utils import load_hf_tokenizer
@@ -61,7 +67,7 @@ def main(argv: list[str]) -> None:
     try:
         rows = countdown.load_puzzles(config.train_dataset.path)
     except countdown.DataError as e:
-        config_errors.exit_bad_input("sft.py", e)
+        preflight.exit_bad_input("sft.py", e)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     examples = sft_examples(tokenizer, rows)
     train_set = Dataset.from_list(pack_examples(examples, config.examples_per_row))

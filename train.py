@@ -16,6 +16,11 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 
+if __name__ == "__main__":  # a mistake costs one line, not the slow imports below
+    from launch import preflight
+
+    preflight.check_trainer_command("train.py", sys.argv[1:], ("train_dataset.path", "valid_dataset.path"))
+
 import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerFast
@@ -23,6 +28,7 @@ from transformers import PreTrainedTokenizerFast
 import areal_patches
 import countdown
 from areal_patches import clean_exit, config_errors, server_watchdog
+from launch import preflight
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, PPOActorConfig
@@ -129,16 +135,6 @@ def load_split(path: str) -> Dataset:
     return Dataset.from_list(countdown.load_puzzles(path))
 
 
-def check_model_path(path: str) -> None:
-    """Fail fast on a local model path that does not exist (hub ids like Org/Name pass)."""
-    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
-    if looks_local and not os.path.isdir(os.path.expanduser(path)):
-        raise FileNotFoundError(
-            f"model path {path!r} does not exist: pass a Hugging Face model folder or hub id "
-            "as actor.path=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
-        )
-
-
 def start_trainer(config: GRPOConfig, train_set: Dataset, valid_set: Dataset) -> PPOTrainer:
     """PPOTrainer, with an actionable message when the inference servers never answer."""
     try:
@@ -156,11 +152,11 @@ def main(argv: list[str]) -> None:
     areal_patches.install()  # in this process: the trainer under the SPMD launchers
     config, _ = config_errors.load_config(argv, CountDownConfig, "train.py")
     try:
-        check_model_path(config.actor.path)
+        preflight.check_model_path(config.actor.path)
         train_set = load_split(config.train_dataset.path)
         valid_set = load_split(config.valid_dataset.path)
     except (countdown.DataError, FileNotFoundError) as e:
-        config_errors.exit_bad_input("train.py", e)
+        preflight.exit_bad_input("train.py", e)
     tokenizer_path = config.tokenizer_path
     with clean_exit.no_process_left(), start_trainer(config, train_set, valid_set) as trainer:
         server_watchdog.watch_rollout_servers(trainer, config.server_health_grace)

@@ -15,23 +15,11 @@ Off: call AReaL's `load_expr_config` instead.
 from __future__ import annotations
 
 import difflib
-import sys
-from typing import NoReturn
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-BAD_INPUT = 2  # the project's exit status for bad input (options, config, data, model paths)
-
-
-def exit_bad_input(program: str, message: object) -> NoReturn:
-    """One line on stderr, exit status 2: how every command of the project reports bad input."""
-    print(f"{program}: {message}", file=sys.stderr)
-    raise SystemExit(BAD_INPUT)
-
-
-def key_of_override(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
+from launch.preflight import exit_bad_input, key_of_override
 
 
 def child_keys(node) -> list[str]:
@@ -53,15 +41,25 @@ def first_unknown(key: str, node) -> tuple[int, list[str]] | None:
     return None
 
 
+def unknown_key_problem(key: str, config_file: str) -> str | None:
+    """A key of an override that `config_file` lacks, with the closest keys; None if it has it."""
+    unknown = first_unknown(key, OmegaConf.load(config_file))
+    if unknown is None:
+        return None
+    index, siblings = unknown
+    parts = key.split(".")
+    close = [".".join([*parts[:index], c, *parts[index + 1 :]]) for c in difflib.get_close_matches(parts[index], siblings)]
+    if not close:
+        return f"{key!r} is not in {config_file}: set it with ++{key}=..."
+    return (f"unknown config key {key!r}: did you mean {' or '.join(close)}? "
+            f"(the keys are those of {config_file}; a field it lacks is set with ++{key}=...)")  # fmt: skip
+
+
 def override_problem(key: str, config_cls: type, config_file: str) -> str:
     """Why Hydra refused `key`: a typo (with the closest keys) or a field the file lacks."""
     if first_unknown(key, OmegaConf.structured(config_cls)) is None:
         return f"{key!r} is not in {config_file}: set it with ++{key}=..."
-    index, siblings = first_unknown(key, OmegaConf.load(config_file))
-    parts = key.split(".")
-    close = [".".join([*parts[:index], c, *parts[index + 1 :]]) for c in difflib.get_close_matches(parts[index], siblings)]
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    return f"unknown config key {key!r}: {hint}(the keys are those of {config_file})"
+    return unknown_key_problem(key, config_file) or f"unknown config key {key!r}"
 
 
 def load_config(argv: list[str], config_cls: type, program: str):

@@ -174,16 +174,21 @@ def test_a_killed_trainer_is_resumed_by_the_local_launchers_retry(start_demo, tm
     "override, message",
     [
         ("actor.optimizer.lrr=1e-5",
-         "unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr? (the keys are those of train_config.yaml)"),
+         "unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr? (the keys are those of "
+         "train_config.yaml; a field it lacks is set with ++actor.optimizer.lrr=...)"),
         ("actor.optimizer.lr=fast", "actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
         ("recover.retries=2", "'recover.retries' is not in train_config.yaml: set it with ++recover.retries=..."),
     ],
 )
 def test_a_bad_override_is_one_line_before_anything_starts(override, message, tmp_path):
     before = live_processes()
+    data = tmp_path / "data"  # past the data checks, which come first
+    subprocess.run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", "8", "--test-size", "4"],
+                   cwd=ROOT, check=True, capture_output=True)  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "train.py", "--config", "train_config.yaml", "scheduler.type=local",
-         f"cluster.fileroot={tmp_path}", override],
+         f"cluster.fileroot={tmp_path}", f"train_dataset.path={data}/train_e.jsonl",
+         f"valid_dataset.path={data}/test_e.jsonl", override],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -1,0 +1,94 @@
+"""What a command checks before its heavy imports, so a mistake costs one line, not ten seconds.
+
+torch and AReaL take about ten seconds to import and print warnings on the way. A command
+run with the wrong Python, a config file or key that does not exist, a missing data file or
+a model folder that is not there is answered first, from the standard library and OmegaConf
+alone: one line on stderr, exit status 2 (the project's status for bad input). The full
+checks (value types, every row of the data) still run after the imports.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import NoReturn
+
+BAD_INPUT = 2  # the project's exit status for bad input (options, config, data, model paths)
+
+
+def exit_bad_input(program: str, message: object) -> NoReturn:
+    """One line on stderr, exit status 2: how every command of the project reports bad input."""
+    print(f"{program}: {message}", file=sys.stderr)
+    raise SystemExit(BAD_INPUT)
+
+
+def require_modules(program: str, modules: tuple[str, ...]) -> None:
+    """One line saying how to get the project's environment when this Python lacks `modules`."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        exit_bad_input(program, f"this Python ({sys.executable}) has no {', '.join(missing)}: run it in the "
+             f"project's environment: `make setup`, then `source .venv/bin/activate` "
+             f"(or `.venv/bin/python {program} ...`)")  # fmt: skip
+
+
+def check_model_path(path: str) -> None:
+    """Fail fast on a local model path that does not exist (hub ids like Org/Name pass)."""
+    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(
+            f"model path {path!r} does not exist: pass a Hugging Face model folder or hub id "
+            "as actor.path=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
+        )
+
+
+def key_of_override(override: str) -> str:
+    """`actor.path` of `actor.path=...`, `+actor.path=...` or `++actor.path=...`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value the last override of `key` gives it."""
+    for override in reversed(overrides):
+        if key_of_override(override) == key:
+            return override.split("=", 1)[1]
+    return None
+
+
+def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, ...]) -> None:
+    """train.py's and sft.py's checks: environment, config file and keys, data, model path."""
+    require_modules(program, ("torch", "areal"))
+    import warnings
+
+    from omegaconf import OmegaConf
+
+    import countdown
+    from areal_patches import config_errors
+
+    # Printed by AReaL's import on every machine without NVIDIA's Transformer Engine.
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        return  # AReaL's own usage error follows
+    config_file = argv[argv.index("--config") + 1]
+    if not os.path.isfile(config_file):
+        exit_bad_input(program, f"{config_file}: no such config file")
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    for override in overrides:
+        if not override.startswith(("+", "~")):
+            problem = config_errors.unknown_key_problem(key_of_override(override), config_file)
+            if problem:
+                exit_bad_input(program, problem)
+    config = OmegaConf.load(config_file)
+
+    def setting(key: str) -> str | None:
+        """The key's value, unless it needs interpolation (checked after the imports)."""
+        value = override_value(overrides, key) or OmegaConf.select(config, key, throw_on_resolution_failure=False)
+        return value if isinstance(value, str) and "${" not in value else None
+
+    try:
+        for path in filter(None, map(setting, data_keys)):
+            countdown.read_puzzle_file(path)
+        if model := setting("actor.path"):
+            check_model_path(model)
+    except (countdown.DataError, FileNotFoundError) as e:
+        exit_bad_input(program, e)

@@ -1,0 +1,74 @@
+"""launch/preflight.py: mistakes a command can be told about before its slow imports.
+
+Each case must leave stderr at exactly one line: no import warnings, no AReaL log lines (they
+would mean the check ran after torch and AReaL were imported), and exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.preflight import key_of_override, override_value
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ["train.py", "--config", "train_config.yaml", "scheduler.type=local"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    subprocess.run([sys.executable, "countdown.py", "--out-dir", str(out), "--train-size", "20", "--test-size", "5"],
+                   cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["train.py", "--config", "no_such.yaml"], "train.py: no_such.yaml: no such config file"),
+        ([*TRAIN, "actor.optimizer.lrr=1e-5"], "train.py: unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr?"),
+        ([*TRAIN, "train_dataset.path=/no/such/train.jsonl"], "train.py: /no/such/train.jsonl: no such file; run `python3 countdown.py`"),
+        (["sft.py", "--config", "configs/sft_warm_start.yaml", "train_dataset.batch_sise=4"],
+         "sft.py: unknown config key 'train_dataset.batch_sise': did you mean train_dataset.batch_size?"),
+    ],
+)
+def test_config_and_data_mistakes_are_one_line_before_the_imports(args, expected):
+    proc = run(*args)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(expected), proc.stderr[-2000:]
+    assert proc.stdout == ""
+
+
+def test_a_missing_model_folder_is_one_line(data):
+    proc = run(*TRAIN, f"train_dataset.path={data}/train_e.jsonl", f"valid_dataset.path={data}/test_e.jsonl",
+               "actor.path=/no/such/model")  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "train.py: model path '/no/such/model' does not exist: pass a Hugging Face model folder or hub id "
+        "as actor.path=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
+    )
+
+
+@pytest.mark.parametrize("command", [TRAIN, ["sft.py", "--config", "configs/sft_warm_start.yaml"], ["plot.py", "runs"]])
+def test_a_python_without_the_projects_packages_is_told_how_to_get_them(command):
+    # -S leaves out site-packages: this interpreter then lacks torch, AReaL and the rest, as the
+    # system Python of a fresh machine does.
+    proc = run("-S", *command)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"{command[0]}: this Python ({sys.executable}) has no ")
+    assert line.endswith(f"`make setup`, then `source .venv/bin/activate` (or `.venv/bin/python {command[0]} ...`)")
+
+
+def test_the_last_override_of_a_key_wins_whatever_its_prefix():
+    overrides = ["actor.path=/a", "x=1", "++actor.path=/b"]
+    assert override_value(overrides, "actor.path") == "/b"
+    assert override_value(overrides, "valid_dataset.path") is None
+    assert key_of_override("+actor.optimizer.lr=1=2") == "actor.optimizer.lr"
