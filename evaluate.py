@@ -14,7 +14,7 @@ failures.jsonl (a few failed completions of each kind, for a person to read).
 The defaults (one greedy sample per puzzle, 1024 new tokens) match the trainer's
 evaluation, so `pass@1` here is comparable with `eval-rollout/success` in a run's logs.
 
-With `--model`, the server is the project's dev server (tools/dev_server.py) on CPU,
+With `--model`, the server is the project's dev server (dev_server/) on CPU,
 or on CUDA when a GPU is present. When SGLang is installed and a GPU is present,
 SGLang is started instead; that branch is not exercised by this repository's tests
 (they run on CPU).
@@ -39,8 +39,8 @@ from pathlib import Path
 import aiohttp
 
 import countdown
+from dev_server.client import DevServer
 from reward_score import Verdict, has_think_answer_format, judge
-from tools import dev_server
 
 DEFAULT_DATA = f"{countdown.DEFAULT_OUT_DIR}/{countdown.TEST_FILE}"
 FAILED_REQUEST = "failed_request"  # the verdict of a sample whose request never succeeded
@@ -327,7 +327,7 @@ async def run_samples(url: str, rows: list[dict], puzzles: list[int], prompts: l
         return served_model, list(await asyncio.gather(*jobs))
 
 
-class SGLangServer(dev_server.DevServer):
+class SGLangServer(DevServer):
     """SGLang under the dev server's process handling (own process group, /health wait,
     kill on exit). Not exercised by this repository's tests: no GPU here."""
 
@@ -351,7 +351,7 @@ def inference_server(args: argparse.Namespace):
         print(f"starting SGLang for {args.model} on {device}", file=sys.stderr)
     else:
         dtype = "float32" if device == "cpu" else "bfloat16"
-        server = dev_server.DevServer(args.model, device=device, dtype=dtype, seed=args.seed,
+        server = DevServer(args.model, device=device, dtype=dtype, seed=args.seed,
                                       max_batch=args.concurrency, timeout=600)
         print(f"starting the dev server for {args.model} on {device}/{dtype}", file=sys.stderr)
     try:

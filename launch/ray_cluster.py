@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from tools.dev_server import find_free_port
+from dev_server.client import find_free_port, tail
 
 START_TIMEOUT_S = 90.0
 # Ray's GCS server and agents outlive a SIGTERM for long (seconds to minutes): a short
@@ -101,10 +101,6 @@ def cluster(
             latest.symlink_to(target)
 
 
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def _start(argv: list[str], env: dict[str, str], workdir: Path, cwd: Path | None) -> int:
     """`ray start`, which returns once the daemons run; returns the id of the session that
     they stay in (away from a terminal's Ctrl-C) until stop()."""
@@ -120,11 +116,11 @@ def _start(argv: list[str], env: dict[str, str], workdir: Path, cwd: Path | None
         proc.wait()
         raise TimeoutError(
             f"`ray start` did not return within {START_TIMEOUT_S:.0f} s:\n"
-            + _tail(log_path.read_text())
+            + tail(log_path.read_text())
         ) from None
     if proc.returncode != 0:
         raise RuntimeError(
-            f"`ray start` failed with exit code {proc.returncode}:\n" + _tail(log_path.read_text())
+            f"`ray start` failed with exit code {proc.returncode}:\n" + tail(log_path.read_text())
         )
     return proc.pid
 
@@ -147,7 +143,7 @@ def _wait_up(env: dict[str, str], gpus: int, workdir: Path) -> None:
             out = "ray status timed out"
         time.sleep(1)
     raise TimeoutError(
-        f"the Ray node is not up after {START_TIMEOUT_S:.0f} s (`ray status`):\n{_tail(out)}\n"
+        f"the Ray node is not up after {START_TIMEOUT_S:.0f} s (`ray status`):\n{tail(out)}\n"
         f"logs: {workdir}"
     )
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from tools.dev_server import find_free_port
+from dev_server.client import find_free_port, tail
 
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
@@ -60,7 +60,7 @@ def install() -> bool:
         if done.returncode != 0:
             raise RuntimeError(
                 f"`{' '.join(argv)}` failed with exit code {done.returncode}:\n"
-                + _tail(done.stdout + done.stderr)
+                + tail(done.stdout + done.stderr)
             )
     return True
 
@@ -110,10 +110,6 @@ def _require_root(what: str) -> None:
     """Fail early and clearly instead of deep inside apt-get or slurmd."""
     if os.geteuid() != 0:
         raise PermissionError(f"root is needed to {what}; run this as root")
-
-
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def _node_hardware() -> dict[str, int]:
@@ -213,7 +209,7 @@ def _start_munged(workdir: Path) -> subprocess.Popen | None:
         if proc.poll() is not None or time.monotonic() > deadline:
             _stop(proc)
             raise RuntimeError(
-                "munged did not start:\n" + _tail((workdir / "munged.log").read_text())
+                "munged did not start:\n" + tail((workdir / "munged.log").read_text())
             )
         time.sleep(0.1)
     return proc
@@ -242,7 +238,7 @@ def _wait_idle(procs: dict[str, subprocess.Popen], workdir: Path, env: dict[str,
     while time.monotonic() < deadline:
         for name, proc in procs.items():
             if proc.poll() is not None:
-                log = _tail((workdir / f"{name}.log").read_text())
+                log = tail((workdir / f"{name}.log").read_text())
                 raise RuntimeError(f"{name} exited with code {proc.returncode}:\n{log}")
         try:
             sinfo = subprocess.run(
@@ -255,7 +251,7 @@ def _wait_idle(procs: dict[str, subprocess.Popen], workdir: Path, env: dict[str,
             return
         time.sleep(0.2)
     logs = "\n".join(
-        f"--- {name}.log\n" + _tail((workdir / f"{name}.log").read_text(), 15)
+        f"--- {name}.log\n" + tail((workdir / f"{name}.log").read_text(), 15)
         for name in ("slurmctld", "slurmd")
     )
     raise TimeoutError(
@@ -329,7 +325,7 @@ def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, st
     folder: slurmd's per-step socket paths may have 107 bytes at most.
     """
     done = threading.Event()
-    tail = threading.Thread(target=tail_job_logs, args=(run_dir, echo, done), daemon=True)
+    job_logs = threading.Thread(target=tail_job_logs, args=(run_dir, echo, done), daemon=True)
     workdir = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
     try:
         install()
@@ -338,12 +334,12 @@ def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, st
         # enforces either.
         cpus, mem_mb = max(2, os.cpu_count() or 1), 2 * (1024 + 10240)
         with cluster(workdir, gpus=2, cpus=cpus, mem_mb=mem_mb) as env:
-            tail.start()
+            job_logs.start()
             yield {"SLURM_CONF": env["SLURM_CONF"]}
     finally:
         done.set()
-        if tail.is_alive():
-            tail.join()
+        if job_logs.is_alive():
+            job_logs.join()
         with (run_dir / "train.log").open("a") as full_log:
             for path in sorted(run_dir.glob(JOB_LOGS)):
                 full_log.write(f"\n===== Slurm job log {path}\n")

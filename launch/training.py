@@ -27,12 +27,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-
-from tools.dev_server import find_free_port
+from dev_server.client import find_free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
-SEAM = ROOT / "tools" / "sglang_seam"
+SEAM = ROOT / "dev_server" / "sglang_seam"
 LAUNCHERS = ("single", "local", "slurm", "ray")
 
 
@@ -124,7 +122,7 @@ def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
 
 
 def seam_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment with the dev server in SGLang's place (tools/sglang_seam).
+    """This environment with the dev server in SGLang's place (dev_server/sglang_seam).
 
     AReaL starts servers and trainers with a bare `python3` / `torchrun`, so this
     interpreter's bin folder (the project's .venv) goes first on PATH.
@@ -245,24 +243,6 @@ def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit:
             if timer:
                 timer.cancel()
             stop_group(proc)
-
-
-def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group and every process it started (torchrun's workers have
-    sessions of their own), SIGKILL whatever is left after `timeout` seconds."""
-    try:
-        leader = psutil.Process(proc.pid)
-        tree = [leader, *leader.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(sig)
-        _, tree = psutil.wait_procs(tree, timeout=timeout)
-    proc.wait()
 
 
 def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tuple[list[str], dict]:

@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 START = time.time()
 sys.path.insert(0, str(ROOT))
 
+from dev_server.client import http_json, serve  # noqa: E402
 from launch import training  # noqa: E402
-from tools import dev_server  # noqa: E402
 
 
 def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> None:
@@ -90,7 +90,7 @@ def sft_phase(args: argparse.Namespace) -> None:
     warm_start = args.work / "warm_start"
     shutil.rmtree(warm_start, ignore_errors=True)
     shutil.copytree(latest_checkpoint(fileroot, "countdown-sft"), warm_start)
-    with dev_server.serve(str(warm_start), timeout=600, **server_options(args)) as addr:
+    with serve(str(warm_start), timeout=600, **server_options(args)) as addr:
         report = evaluate(addr, warm_start, args, args.work / "eval_warm_start")
     record = {
         "sft_seconds": round(seconds), "device": device_name(args.device),
@@ -168,7 +168,7 @@ def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path
 def evaluate_initial_weights(addr: str, model: Path, args: argparse.Namespace) -> dict:
     """evaluate.py's report on the served model, refused if the trainer pushed weights meanwhile."""
     report = evaluate(addr, model, args, args.work / "eval_before")
-    version = dev_server.http_json(addr, "/get_weight_version")["weight_version"]
+    version = http_json(addr, "/get_weight_version")["weight_version"]
     if version != "0":
         raise RuntimeError(f"the trainer pushed weights (version {version}) before the first "
                            "evaluation finished: its numbers would mix two models")
@@ -187,7 +187,7 @@ def grpo_phase(args: argparse.Namespace) -> None:
     make_data(args)
     run_dir = args.work / "grpo"
     shutil.rmtree(run_dir, ignore_errors=True)
-    with dev_server.serve(str(model), timeout=600, **server_options(args)) as addr, ThreadPoolExecutor(1) as pool:
+    with serve(str(model), timeout=600, **server_options(args)) as addr, ThreadPoolExecutor(1) as pool:
         # The first evaluation runs while the trainer starts up (imports, model, data: ~35 s
         # on the GPU machine), on the server's initial weights: checked below.
         evaluation = pool.submit(evaluate_initial_weights, addr, model, args)
@@ -199,9 +199,9 @@ def grpo_phase(args: argparse.Namespace) -> None:
         grpo_seconds = time.time() - start
         before = evaluation.result()
         if stopped:  # the stopped trainer may have left the server paused, or busy with its rollouts
-            dev_server.http_json(addr, "/abort_request", {"abort_all": True})
-            dev_server.http_json(addr, "/continue_generation", {})
-        served = dev_server.http_json(addr, "/get_weight_version")["weight_version"]
+            http_json(addr, "/abort_request", {"abort_all": True})
+            http_json(addr, "/continue_generation", {})
+        served = http_json(addr, "/get_weight_version")["weight_version"]
         after = evaluate(addr, model, args, args.work / "eval_after")
     run([sys.executable, "plot.py", str(run_dir / "logs" / "tensorboard"), "--out", str(args.work / "curves.png")])
     warm_start = warm_start_record(model)
@@ -267,7 +267,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
-                        help="the dev server's decoder (auto: CUDA graphs on a GPU; see tools/dev_server.py)")
+                        help="the dev server's decoder (auto: CUDA graphs on a GPU; see dev_server/)")
     parser.add_argument("--train-size", type=int, default=250_000)
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--sft-epochs", type=int, default=1)

@@ -1,4 +1,4 @@
-"""tools/dev_server.py against an in-process HF model and AReaL's real SGLang client."""
+"""The dev server (dev_server/) against an in-process HF model and AReaL's real SGLang client."""
 
 import asyncio
 import os
@@ -16,7 +16,7 @@ pytest.importorskip("aiohttp")
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import countdown  # noqa: E402
-from tools import dev_server as ds  # noqa: E402
+from dev_server import client  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,7 @@ def wait_until(pred, timeout=10.0, what="condition"):
 
 
 def generate(addr, input_ids, max_new_tokens=16, temperature=0.0, **sp):
-    status, body = ds.http_request(addr, "/generate", {
+    status, body = client.http_request(addr, "/generate", {
         "input_ids": input_ids,
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature, **sp},
         "return_logprob": True,
@@ -56,7 +56,7 @@ def generate(addr, input_ids, max_new_tokens=16, temperature=0.0, **sp):
 
 
 def info(addr):
-    return ds.http_json(addr, "/get_server_info")
+    return client.http_json(addr, "/get_server_info")
 
 
 def hf_greedy(model, ids, n):
@@ -113,7 +113,7 @@ def prompts(tok):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with ds.DevServer(tiny_model_dir, extra_args=["--step-delay-ms", str(STEP_DELAY_MS)]) as s:
+    with client.DevServer(tiny_model_dir, extra_args=["--step-delay-ms", str(STEP_DELAY_MS)]) as s:
         yield s
 
 
@@ -121,12 +121,12 @@ def server(tiny_model_dir):
 
 
 def test_health_and_info(server, tiny_model_dir):
-    assert ds.http_request(server.addr, "/health")[0] == 200
+    assert client.http_request(server.addr, "/health")[0] == 200
     i = info(server.addr)
     assert i["pid"] == server.pid and i["model_path"] == str(tiny_model_dir)
-    assert ds.http_request(server.addr, "/get_model_info")[1]["is_generation"] is True
-    assert ds.http_request(server.addr, "/v1/models")[0] == 200
-    assert ds.http_request(server.addr, "/flush_cache", {})[0] == 200
+    assert client.http_request(server.addr, "/get_model_info")[1]["is_generation"] is True
+    assert client.http_request(server.addr, "/v1/models")[0] == 200
+    assert client.http_request(server.addr, "/flush_cache", {})[0] == 200
 
 
 def test_concurrent_greedy_equals_unbatched_hf(server, hf, prompts):
@@ -150,7 +150,7 @@ def test_concurrent_greedy_equals_unbatched_hf(server, hf, prompts):
 def test_prompt_logprobs_for_scoring(server, hf, prompts):
     """The request AReaL's RemoteInfEngine.compute_logp sends (logprob_start_len)."""
     p = prompts[4]
-    status, r = ds.http_request(server.addr, "/generate", {
+    status, r = client.http_request(server.addr, "/generate", {
         "input_ids": p, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
         "return_logprob": True, "logprob_start_len": 3, "stream": False})
     assert status == 200
@@ -194,20 +194,20 @@ def test_stop_token_ids_and_max_new_tokens(server, hf, prompts):
 
 
 def test_bad_requests_do_not_hurt(server):
-    assert ds.http_request(server.addr, "/generate", {"input_ids": []})[0] == 400
-    assert ds.http_request(server.addr, "/generate", {"input_ids": [10 ** 6]})[0] == 400
-    assert ds.http_request(server.addr, "/generate", {"input_ids": [1], "stream": True})[0] == 400
-    assert ds.http_request(server.addr, "/generate", {"input_ids": [1], "sampling_params": {"top_p": 0}})[0] == 400
-    with pytest.raises(ds.HTTPStatusError) as e:
-        ds.http_json(server.addr, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}})
+    assert client.http_request(server.addr, "/generate", {"input_ids": []})[0] == 400
+    assert client.http_request(server.addr, "/generate", {"input_ids": [10 ** 6]})[0] == 400
+    assert client.http_request(server.addr, "/generate", {"input_ids": [1], "stream": True})[0] == 400
+    assert client.http_request(server.addr, "/generate", {"input_ids": [1], "sampling_params": {"top_p": 0}})[0] == 400
+    with pytest.raises(client.HTTPStatusError) as e:
+        client.http_json(server.addr, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}})
     assert e.value.status == 400 and "max_new_tokens" in e.value.body["message"]
-    status, body = ds.http_request(server.addr, "/update_weights_from_distributed", {})
+    status, body = client.http_request(server.addr, "/update_weights_from_distributed", {})
     assert status == 400 and "not supported" in body["message"]
     assert generate(server.addr, [1, 2, 3], 2)["meta_info"]["completion_tokens"] == 2
 
 
 def test_pause_holds_requests_until_continue(server, prompts):
-    status, body = ds.http_request(server.addr, "/pause_generation", {})
+    status, body = client.http_request(server.addr, "/pause_generation", {})
     assert status == 200 and body["success"]
     try:
         box = {}
@@ -217,7 +217,7 @@ def test_pause_holds_requests_until_continue(server, prompts):
         time.sleep(0.5)
         assert th.is_alive() and "r" not in box  # held, not rejected
     finally:
-        assert ds.http_request(server.addr, "/continue_generation", {})[0] == 200
+        assert client.http_request(server.addr, "/continue_generation", {})[0] == 200
     th.join(timeout=30)
     assert box["r"]["meta_info"]["finish_reason"]["type"] == "length"
     assert len(box["r"]["output_ids"]) == 4
@@ -231,7 +231,7 @@ def test_pause_aborts_the_running_batch_with_partial_output(server, prompts):
     wait_until(lambda: info(server.addr)["running"] == 1, what="request running")
     time.sleep(0.1)
     try:
-        assert ds.http_request(server.addr, "/pause_generation", {})[0] == 200
+        assert client.http_request(server.addr, "/pause_generation", {})[0] == 200
         assert info(server.addr)["running"] == 0  # pause returned after the batch stopped
         th.join(timeout=30)
         r = box["r"]
@@ -240,7 +240,7 @@ def test_pause_aborts_the_running_batch_with_partial_output(server, prompts):
         k = len(r["output_ids"])
         assert 0 < k < n and len(r["meta_info"]["output_token_logprobs"]) == k
     finally:
-        ds.http_request(server.addr, "/continue_generation", {})
+        client.http_request(server.addr, "/continue_generation", {})
 
 
 def test_update_weights_from_disk(server, hf, alt_model_dir, tiny_model_dir, prompts):
@@ -251,7 +251,7 @@ def test_update_weights_from_disk(server, hf, alt_model_dir, tiny_model_dir, pro
     expected = hf_greedy(alt, p, n)
     assert expected != before["output_ids"]
     try:
-        status, body = ds.http_request(server.addr, "/update_weights_from_disk",
+        status, body = client.http_request(server.addr, "/update_weights_from_disk",
                                     {"model_path": str(alt_model_dir), "abort_all_requests": True})
         assert status == 200 and body["success"] is True
         # fully applied when the call returned
@@ -259,12 +259,12 @@ def test_update_weights_from_disk(server, hf, alt_model_dir, tiny_model_dir, pro
         assert after["output_ids"] == expected
         assert after["meta_info"]["weight_version"] != v0
 
-        status, body = ds.http_request(server.addr, "/update_weights_from_disk",
+        status, body = client.http_request(server.addr, "/update_weights_from_disk",
                                     {"model_path": "/nonexistent/model", "abort_all_requests": True})
         assert status == 400 and body["success"] is False and "/nonexistent/model" in body["message"]
         assert generate(server.addr, p, n, ignore_eos=True)["output_ids"] == expected  # old weights kept
     finally:
-        status, _ = ds.http_request(server.addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
+        status, _ = client.http_request(server.addr, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
         assert status == 200
     assert generate(server.addr, p, n, ignore_eos=True)["output_ids"] == before["output_ids"]
 
@@ -328,21 +328,28 @@ def test_areal_remote_sglang_engine(server, hf, prompts):
 def test_serve_leaves_no_process_when_body_raises(tiny_model_dir, tmp_path):
     log = tmp_path / "server.log"
     with pytest.raises(RuntimeError, match="boom"):
-        with ds.serve(tiny_model_dir, log_file=log) as addr:
+        with client.serve(tiny_model_dir, log_file=log) as addr:
             pid = info(addr)["pid"]
             assert alive(pid)
             raise RuntimeError("boom")
     assert not alive(pid)
     with pytest.raises(OSError):
-        ds.http_json(addr, "/health", timeout=2)
+        client.http_json(addr, "/health", timeout=2)
     assert log.read_text().rstrip().endswith("stopped")  # SIGTERM shut it down cleanly
+
+
+def test_the_client_imports_no_torch():
+    """Scripts, launchers and evaluate.py start servers through it without paying for torch."""
+    code = "import sys, dev_server.client; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_server_exits_when_its_parent_is_killed(tiny_model_dir):
     code = (
         "import sys, time\n"
-        "from tools import dev_server\n"
-        f"s = dev_server.DevServer({str(tiny_model_dir)!r}).start()\n"
+        "from dev_server.client import DevServer\n"
+        f"s = DevServer({str(tiny_model_dir)!r}).start()\n"
         "print(s.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -359,7 +366,7 @@ def test_server_exits_when_its_parent_is_killed(tiny_model_dir):
 def test_unhealthy_server_error_names_address_and_log(tmp_path):
     log = tmp_path / "server.log"
     with pytest.raises(RuntimeError) as e:
-        with ds.serve(tmp_path / "no-such-model", log_file=log, timeout=60):
+        with client.serve(tmp_path / "no-such-model", log_file=log, timeout=60):
             pass
     msg = str(e.value)
     assert "127.0.0.1:" in msg and str(log) in msg

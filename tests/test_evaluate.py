@@ -15,8 +15,8 @@ from aiohttp import web
 
 import countdown
 import evaluate
+from dev_server.client import find_free_port, serve
 from evaluate import FAILED_REQUEST, Sample, group_metrics, pass_at_k, summarize
-from tools import dev_server
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_KEYS = {"puzzles", "samples", "pass@1", "format_rate", "mean_completion_tokens",
@@ -133,7 +133,7 @@ def tokenizer(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with dev_server.serve(tiny_model_dir) as addr:
+    with serve(tiny_model_dir) as addr:
         yield addr
 
 
@@ -272,7 +272,7 @@ def test_concurrency_above_100_is_honoured(tokenizer, tiny_model_dir, data_file,
 
 
 def test_unreachable_server_is_one_clear_error(tiny_model_dir, data_file, capsys):
-    addr = f"127.0.0.1:{dev_server.find_free_port()}"
+    addr = f"127.0.0.1:{find_free_port()}"
     code, out, err = run_main(capsys, "--server", addr, "--tokenizer", tiny_model_dir, "--data", data_file)
     assert code == 1
     assert err.count("\n") == 1 and f"cannot reach a server at http://{addr}" in err

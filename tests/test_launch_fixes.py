@@ -1,5 +1,6 @@
-"""The launch-path fixes in areal_patches/ and the SGLang seam (tools/sglang_seam), each on its
-own; tests/test_launchers.py runs them inside AReaL's real single controller and launchers."""
+"""The launch-path fixes in areal_patches/ and the SGLang seam (dev_server/sglang_seam), each
+on its own; tests/test_launchers.py runs them inside AReaL's real single controller and
+launchers."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import psutil
 import pytest
 
 from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog
-from tools import dev_server, sglang_launch_server
+from dev_server import sglang_launch_server
+from dev_server.__main__ import build_arg_parser
+from dev_server.client import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-SEAM = ROOT / "tools" / "sglang_seam"
+SEAM = ROOT / "dev_server" / "sglang_seam"
 
 
 def engine(setup_timeout: float, healthy: bool = False) -> SimpleNamespace:
@@ -60,7 +63,7 @@ def test_the_watchdog_names_a_silent_server_and_leaves_a_healthy_one_alone():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     alive = f"127.0.0.1:{server.server_address[1]}"
-    dead = f"127.0.0.1:{dev_server.find_free_port()}"  # nothing listens there
+    dead = f"127.0.0.1:{find_free_port()}"  # nothing listens there
     messages = []
     try:
         server_watchdog.watch([alive, dead], grace=1.0, interval=0.2, on_dead=messages.append).join(timeout=10)
@@ -135,7 +138,7 @@ def run_with_seam(code: str, seam: bool = True) -> str:
 
 def test_the_seam_puts_the_dev_server_in_sglangs_place_and_only_there():
     find = "import importlib.util; print(importlib.util.find_spec('areal.experimental.inference_service.sglang.launch_server').origin)"
-    assert run_with_seam(find) == str(ROOT / "tools" / "sglang_launch_server.py")
+    assert run_with_seam(find) == str(ROOT / "dev_server" / "sglang_launch_server.py")
     assert run_with_seam(find, seam=False).endswith("areal/experimental/inference_service/sglang/launch_server.py")
     version = "import importlib.metadata as m; print(m.version('sglang'))"
     assert run_with_seam(version) == "0.5.10.post1"
@@ -149,10 +152,10 @@ def test_sglangs_flags_become_the_dev_servers():
              "--random-seed", "9", "--dtype", "bfloat16", "--tp-size", "1", "--mem-fraction-static", "0.8",
              "--skip-tokenizer-init", "--base-gpu-id", "1"]  # fmt: skip
     argv = sglang_launch_server.dev_server_argv(flags, cuda=True, parent_pid=42, extra="--decoder hf")
-    args = dev_server.build_arg_parser().parse_args(argv)
+    args = build_arg_parser().parse_args(argv)
     assert (args.model, args.host, args.port, args.seed) == ("/m", "10.1.2.3", 4567, 9)
     assert (args.dtype, args.device, args.parent_pid, args.decoder) == ("bfloat16", "cuda:1", 42, "hf")
-    on_cpu = dev_server.build_arg_parser().parse_args(
+    on_cpu = build_arg_parser().parse_args(
         sglang_launch_server.dev_server_argv(["--model-path", "/m", "--dtype", "auto"], cuda=False, parent_pid=1)
     )
     assert (on_cpu.device, on_cpu.dtype) == ("cpu", "float32")

@@ -3,7 +3,7 @@ and Slurm launchers end to end (`python3 -m tools.demo --launcher ...`), and the
 must survive.
 
 The only double in every test here is the dev server, which starts where AReaL would start
-SGLang (tools/sglang_seam): AReaL's scheduler, launchers, RPC workers, server wrapper,
+SGLang (dev_server/sglang_seam): AReaL's scheduler, launchers, RPC workers, server wrapper,
 name_resolve, disk weight pushes, evaluation and recover retries are its own code, and the
 Ray and Slurm launchers submit to real (one-node) Ray and Slurm clusters that the demo starts
 and stops (launch/ray_cluster.py, launch/slurm_cluster.py; Slurm needs root).

@@ -1,4 +1,4 @@
-"""tools/static_decode.py against transformers' own decoding, through the dev server's Engine.
+"""dev_server/static_decode.py against transformers' own decoding, through the dev server's Engine.
 
 On CPU the static decoder runs eagerly (CUDA graphs need a GPU), so these tests check its
 arithmetic and bookkeeping: KV-cache layout, left padding, bucket padding rows, grouped-
@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig  # noqa: E402
 
 import countdown  # noqa: E402
-from tools import static_decode  # noqa: E402
-from tools.dev_server import Engine, GenRequest, SamplingParams  # noqa: E402
+from dev_server import static_decode  # noqa: E402
+from dev_server.engine import Engine  # noqa: E402
+from dev_server.protocol import GenRequest, SamplingParams  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 GRPO grouping, a two-step training run with disk weight pushes, recovery, and bad input.
 
 Nothing is mocked but the trainer of one test, which says why: the dev server
-(tools/dev_server.py) stands in for SGLang, which cannot run here, and speaks the same HTTP
+(dev_server/) stands in for SGLang, which cannot run here, and speaks the same HTTP
 protocol to the same client code.
 """
 
@@ -21,9 +21,9 @@ import torch
 
 import countdown
 import plot
-from reward_score import compute_score
+from dev_server.client import http_json, serve
 from launch import training
-from tools import dev_server
+from reward_score import compute_score
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(900)
@@ -42,7 +42,7 @@ def engine(tiny_model_dir, tmp_path_factory):
     from areal.engine import RemoteSGLangEngine
 
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with dev_server.serve(str(tiny_model_dir), log_file=log) as addr:
+    with serve(str(tiny_model_dir), log_file=log) as addr:
         rollout = RemoteSGLangEngine(
             InferenceEngineConfig(
                 backend="sglang:d1", max_concurrent_rollouts=16, consumer_batch_size=4,
@@ -149,7 +149,7 @@ def probe(addr: str, prompts: list[list[int]]) -> list[tuple[list[int], list[flo
     """Greedy completions and their log-probs straight from the server."""
     results = []
     for ids in prompts:
-        out = dev_server.http_json(addr, "/generate", {
+        out = http_json(addr, "/generate", {
             "input_ids": ids, "return_logprob": True,
             "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True},
         })  # fmt: skip
@@ -188,11 +188,11 @@ def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_d
     tokenizer = engine_tokenizer(tiny_model_dir)
     prompts = [countdown.prompt_token_ids(tokenizer, r["messages"]) for r in rows]
     run_dir = tmp_path / "run"
-    with dev_server.serve(str(tiny_model_dir), log_file=tmp_path / "server.log") as addr:
+    with serve(str(tiny_model_dir), log_file=tmp_path / "server.log") as addr:
         before = probe(addr, prompts)
         log = train(run_dir, tiny_model_dir, data_dir, addr, steps=2)
         after = probe(addr, prompts)
-        assert dev_server.http_json(addr, "/get_weight_version")["weight_version"] in (2, "2")
+        assert http_json(addr, "/get_weight_version")["weight_version"] in (2, "2")
 
         # The disk pushes changed what the server computes ...
         change = max(

@@ -12,10 +12,10 @@ own tokenizer, then runs the command a user runs, with the CPU overrides of
     slurm   the same with areal.infra.launcher.slurm, on a one-node Slurm cluster (root)
 
 AReaL starts everything itself (RPC workers, rollout server, trainer). The one difference
-from a GPU machine is tools/sglang_seam on PYTHONPATH: the rollout server AReaL starts is the
-dev server instead of SGLang. The model starts from random weights, so its reward stays near
-zero: the demo shows that every part of the loop runs, not that a tiny model learns (see
-docs/results.md for that).
+from a GPU machine is dev_server/sglang_seam on PYTHONPATH: the rollout server AReaL starts
+is the dev server instead of SGLang. The model starts from random weights, so its reward
+stays near zero: the demo shows that every part of the loop runs, not that a tiny model
+learns (see docs/results.md for that).
 """
 
 from __future__ import annotations

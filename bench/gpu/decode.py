@@ -1,4 +1,4 @@
-"""Dev-server decoding on one GPU: transformers' eager forward against tools/static_decode.py.
+"""Dev-server decoding on one GPU: transformers' eager forward against dev_server/static_decode.py.
 
     python3 bench/gpu/decode.py [--model PATH] [--batches 1 64 512 1024] [--new-tokens 128]
                                 [--check 512] [--json PATH] [--device cuda]
@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import countdown  # noqa: E402
+from dev_server.engine import Engine  # noqa: E402
+from dev_server.protocol import GenRequest, SamplingParams  # noqa: E402
 from reward_score import compute_score  # noqa: E402
-from tools.dev_server import Engine, GenRequest, SamplingParams  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
 
