@@ -36,6 +36,11 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+if __name__ == "__main__":  # the wrong Python costs one line, not a traceback
+    from launch import preflight
+
+    preflight.require_modules("evaluate.py", ("aiohttp", "transformers"))
+
 import aiohttp
 
 import countdown

@@ -1,7 +1,7 @@
 """The learning experiment of docs/results.md, one phase per command.
 
-    python3 scripts/learning_run.py sft  --work runs/learn --out OUT    # data, model, warm start
-    python3 scripts/learning_run.py grpo --work runs/learn --out OUT    # eval, GRPO, eval
+    python3 -m scripts.learning_run sft  --work runs/learn --out OUT    # data, model, warm start
+    python3 -m scripts.learning_run grpo --work runs/learn --out OUT    # eval, GRPO, eval
 
 Phase `sft` builds 3-4 number puzzles (countdown.py), a ~25M-parameter Qwen2-architecture
 model from random weights with the project's tokenizer (tools/make_tiny_model.py --preset
@@ -37,10 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 START = time.time()
-sys.path.insert(0, str(ROOT))
-
-from dev_server.client import http_json, serve  # noqa: E402
-from launch import training  # noqa: E402
+from dev_server.client import http_json, serve
+from launch import training
 
 
 def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> None:

@@ -2,15 +2,9 @@
 attribution of its --profile table (bench/gpu/timeline.py), on a hand-made trace, and the
 "pad each sequence" attention it times against packed_sdpa."""
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "gpu"))
-
-import timeline  # noqa: E402
-import train_step  # noqa: E402
+from bench.gpu import timeline, train_step
 
 
 def kernel(start: float, end: float, launched: float | None, correlation: int, api: str = "cuda_runtime") -> list[dict]:

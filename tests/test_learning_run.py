@@ -19,7 +19,7 @@ TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-siz
 
 
 def learning_run(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "scripts/learning_run.py", *args, *TOY]
+    cmd = [sys.executable, "-m", "scripts.learning_run", *args, *TOY]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -56,7 +56,10 @@ def test_a_missing_model_folder_is_one_line(data):
     )
 
 
-@pytest.mark.parametrize("command", [TRAIN, ["sft.py", "--config", "configs/sft_warm_start.yaml"], ["plot.py", "runs"]])
+@pytest.mark.parametrize(
+    "command",
+    [TRAIN, ["sft.py", "--config", "configs/sft_warm_start.yaml"], ["plot.py", "runs"], ["evaluate.py", "--model", "m"]],
+)
 def test_a_python_without_the_projects_packages_is_told_how_to_get_them(command):
     # -S leaves out site-packages: this interpreter then lacks torch, AReaL and the rest, as the
     # system Python of a fresh machine does.

@@ -1,6 +1,6 @@
 """Dev-server decoding on one GPU: transformers' eager forward against dev_server/static_decode.py.
 
-    python3 bench/gpu/decode.py [--model PATH] [--batches 1 64 512 1024] [--new-tokens 128]
+    python3 -m bench.gpu.decode [--model PATH] [--batches 1 64 512 1024] [--new-tokens 128]
                                 [--check 512] [--json PATH] [--device cuda]
 
 Both decoders run in this process through the dev server's own Engine (what the HTTP
@@ -30,13 +30,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import countdown  # noqa: E402
-from dev_server.engine import Engine  # noqa: E402
-from dev_server.protocol import GenRequest, SamplingParams  # noqa: E402
-from reward_score import compute_score  # noqa: E402
-from tools.make_tiny_model import make_tiny_model  # noqa: E402
+import countdown
+from dev_server.engine import Engine
+from dev_server.protocol import GenRequest, SamplingParams
+from reward_score import compute_score
+from tools.make_tiny_model import make_tiny_model
 
 
 def requests(prompts: list[list[int]], params: SamplingParams) -> list[GenRequest]:

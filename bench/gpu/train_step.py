@@ -1,6 +1,6 @@
 """GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor as train.py runs it, and TRL.
 
-    python3 bench/gpu/train_step.py [--shapes small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
+    python3 -m bench.gpu.train_step [--shapes small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
                                     [--no-trl] [--rows N] [--profile DIR] [--device cpu]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
@@ -89,7 +89,6 @@ from pathlib import Path
 
 START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT))  # train.py, fast_step.py, packed_sdpa.py
 SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab)
     "small": (512, 8, 8, 2, 2048, 899),
     "0.5b": (896, 24, 14, 2, 4864, 151936),
@@ -434,7 +433,7 @@ def profile_step(step, model, out: Path) -> None:
     table ends with the total GPU time ("Self CUDA time total")."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    import timeline
+    from bench.gpu import timeline
 
     sync()
     with timeline.annotate_areal(model), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -610,7 +609,7 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> l
             port = s.getsockname()[1]
         env |= {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port), "AREAL_SPMD_MODE": "1"}  # fmt: skip
-    cmd = [sys.executable, __file__, "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
+    cmd = [sys.executable, "-m", "bench.gpu.train_step", "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
            "--peak", str(peak), "--device", DEVICE]  # fmt: skip
     if args.profile:
         cmd += ["--profile", str(args.profile)]
