@@ -78,7 +78,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -86,6 +85,8 @@ import traceback
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+
+from dev_server.client import find_free_port
 
 START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -604,11 +605,8 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> l
     """One process per (framework, shape); forwards its rows as they come, keeps its log tail."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if kind == "areal":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         env |= {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "AREAL_SPMD_MODE": "1"}  # fmt: skip
+                "MASTER_PORT": str(find_free_port()), "AREAL_SPMD_MODE": "1"}  # fmt: skip
     cmd = [sys.executable, "-m", "bench.gpu.train_step", "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
            "--peak", str(peak), "--device", DEVICE]  # fmt: skip
     if args.profile:
