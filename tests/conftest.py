@@ -24,11 +24,10 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 SINGLE_RANK_PRELUDE = r"""
-import os, socket, sys
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+import os, sys
+from dev_server.client import find_free_port
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
+                  MASTER_PORT=str(find_free_port()), TORCHDYNAMO_DISABLE="1")
 """
 
 
