@@ -57,12 +57,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, port: int) -> None:
     """The server's own logger, not the root one: run in SGLang's place, the process has
     imported AReaL's packages first, and the root logger this one reports to is not
-    logging.root any more."""
+    logging.root any more. Lines name the port: a run with several servers logs them all
+    to one file."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s dev_server %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter(f"%(asctime)s dev_server[{port}] %(levelname)s %(message)s"))
     logger.handlers, logger.propagate = [handler], False
     logger.setLevel(level.upper())
 
@@ -104,7 +105,7 @@ def load_engine(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.port)
     if not os.path.isdir(args.model):  # fail fast, before the slow imports (torch, transformers)
         logger.error("no such model folder: %s", args.model)
         return 2

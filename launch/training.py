@@ -191,7 +191,7 @@ def trainer_env(server_addr: str) -> dict[str, str]:
 
 
 PROGRESS = re.compile(
-    r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|dev_server INFO serving on|^train\.py: "
+    r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|dev_server\[\d+\] INFO serving on|^train\.py: "
 )
 
 

@@ -38,7 +38,7 @@ WEIGHTS_MOVE = [
 # What a run starts besides processes naming its folder: Ray's and Slurm's daemons.
 CLUSTER_PROCESS = re.compile(r"ray::|raylet|gcs_server|default_worker|slurmctld|slurmd|slurmstepd|munged")
 SERVER_LOAD = re.compile(
-    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) dev_server INFO loaded (?:weights from )?(\S+) .*fingerprint=(\S+)\)"
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) dev_server\[(\d+)\] INFO loaded (?:weights from )?(\S+) .*fingerprint=(\S+)\)"
 )
 
 
@@ -83,13 +83,24 @@ def is_torchrun(cmd: str) -> bool:
     return len(argv) > 1 and argv[1].endswith("/torchrun")
 
 
-def server_loads(run_dir: Path) -> list[tuple[str, float]]:
-    """(model folder, fingerprint) of each load the dev server logged, in time order: its
-    start, then each weight push. The same line may reach several of the run's logs."""
+def server_loads(run_dir: Path) -> dict[str, list[tuple[str, float]]]:
+    """For each dev server (by port), (model folder, fingerprint) of each load it logged, in
+    time order: its start, then each weight push. The same line may reach several of the
+    run's logs."""
     lines = set()
     for path in [run_dir / "train.log", *run_dir.glob("logs/**/*.log")]:
         lines |= {m.groups() for m in SERVER_LOAD.finditer(path.read_text(errors="replace"))}
-    return [(folder, float(fingerprint)) for _, folder, fingerprint in sorted(lines)]
+    loads: dict[str, list[tuple[str, float]]] = {}
+    for _, port, folder, fingerprint in sorted(lines):
+        loads.setdefault(port, []).append((folder, float(fingerprint)))
+    return loads
+
+
+def assert_each_push_changed_the_weights(loads: list[tuple[str, float]]) -> None:
+    """One server's loads: the model, then every push, each changing what it computes."""
+    assert [Path(folder).name for folder, _ in loads] == ["model", "weight_update_v1", "weight_update_v2"], loads
+    fingerprints = [f for _, f in loads]
+    assert all(after != before for before, after in zip(fingerprints, fingerprints[1:])), loads
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -109,10 +120,36 @@ def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, start_
     assert sorted(scalars["eval-rollout/success"]) == [0, 1]  # held-out evaluation at each step
     assert list(run_dir.glob("checkpoints/*/*/*/default/recover_checkpoint/*"))
 
+    (loads,) = server_loads(run_dir).values()
+    assert_each_push_changed_the_weights(loads)
+
+    assert left_behind(run_dir, before) == []
+
+
+@pytest.mark.parametrize("launcher", ["single", "local"])
+def test_the_shipped_layout_scaled_down_two_servers_and_two_trainer_ranks(launcher, start_demo, tmp_path, monkeypatch):
+    """train_config.yaml's allocation (sglang:d4 + fsdp:d4 on 8 GPUs) at half its width, on CPU:
+    two rollout servers behind AReaL's client, two FSDP ranks (gloo), disk pushes to both."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the devices AReaL's scheduler hands out
+    before = live_processes()
+    run_dir = tmp_path / "run"
+    layout = ["cluster.n_gpus_per_node=4", "allocation_mode=sglang:d2p1t1+fsdp:d2p1t1",
+              "rollout.backend=sglang:d2p1t1", "actor.backend=fsdp:d2p1t1"]  # fmt: skip
+    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *layout)
+    output, _ = proc.communicate(timeout=840)
+    assert proc.returncode == 0, output[-4000:]
+    log = (run_dir / "train.log").read_text(errors="replace")
+    assert "dp=2, sp=1, tp=1, ep=1, etp=1, world_size=2" in log
+    scalars = plot.load_run(run_dir / "logs" / "tensorboard")
+    assert sorted(scalars["eval-rollout/success"]) == [0, 1]
+    assert list(run_dir.glob("checkpoints/*/*/*/default/recover_checkpoint/*"))
+
     loads = server_loads(run_dir)
-    assert [Path(folder).name for folder, _ in loads] == ["model", "weight_update_v1", "weight_update_v2"], loads
-    fingerprints = [f for _, f in loads]
-    assert all(after != before for before, after in zip(fingerprints, fingerprints[1:])), loads
+    assert len(loads) == 2, loads
+    for server in loads.values():
+        assert_each_push_changed_the_weights(server)
+    first, second = loads.values()
+    assert [f for _, f in first] == [f for _, f in second]  # both serve the same weights at each version
 
     assert left_behind(run_dir, before) == []
 
