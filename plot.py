@@ -1,17 +1,23 @@
-"""Turn a training run's metrics into a CSV and a PNG.
+"""Turn a training run's metrics into a CSV and a PNG, or compare time-to-accuracy rows.
 
     python3 plot.py TB_DIR [--out curves.png]
+    python3 plot.py --compare OUT/row_A.json OUT/row_C.json ... [--out time_to_accuracy.png]
 
 TB_DIR is the folder of one run's TensorBoard event files, which AReaL's StatsLogger writes to
 `<fileroot>/logs/tensorboard/<experiment>/<trial>`, or any folder above it that holds only
 that run. Steps are numbered as the training log numbers them: step 1 is the first training
 step (`Train step 1/N`), which AReaL logs to TensorBoard as step 0.
+
+`--compare` draws the rows written by scripts/time_to_accuracy.py in one panel: held-out
+pass@1 against seconds of training since the first rollout, one line per row (its points,
+then its final evaluation), with the row's steps per minute in the legend.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -53,6 +59,7 @@ class Run:
     scalars: Scalars  # steps as AReaL logs them: 0 is the first training step
     start: float  # wall times of the first and last scalar, seconds since the epoch
     end: float
+    times: dict[int, float]  # {step: wall time of its scalars}: when AReaL committed the step
 
 
 def read_run(run_dir: Path) -> Run:
@@ -73,12 +80,16 @@ def read_run(run_dir: Path) -> Run:
     ).Reload()
     by_tag = {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
     wall_times = [e.wall_time for es in by_tag.values() for e in es]
+    times: dict[int, float] = {}
+    for e in (e for es in by_tag.values() for e in es):
+        times[e.step] = min(times.get(e.step, e.wall_time), e.wall_time)
     wall_times = wall_times or [events.FirstEventTimestamp()]
     return Run(
         name=names[0],
         scalars={tag: {e.step: e.value for e in es} for tag, es in by_tag.items()},
         start=min(wall_times),
         end=max(wall_times),
+        times=times,
     )
 
 
@@ -180,11 +191,59 @@ def write_csv(scalars: Scalars, out: Path) -> None:
             writer.writerow([step, *row])
 
 
+def row_curve(row: dict) -> tuple[list[float], list[float]]:
+    """A time-to-accuracy row's (seconds, held-out pass@1): its points, then its final evaluation."""
+    points = [*row["points"], {"seconds": row["final"]["seconds"], "pass@1": row["final"]["pass@1"]["all"]}]
+    return [p["seconds"] for p in points], [p["pass@1"] for p in points]
+
+
+def compare_figure(rows: list[dict]) -> Figure:
+    """Held-out pass@1 against seconds since the first rollout, one line per row."""
+    fig = Figure(figsize=(9, 5.5), layout="constrained")
+    ax = fig.subplots()
+    longest = 0.0
+    for row in rows:
+        seconds, rates = row_curve(row)
+        label = f"{row['row']}: {row['description']} ({row['steps_per_minute']:.1f} steps/min)"
+        ax.plot(seconds, rates, marker="o", label=label, clip_on=False)
+        longest = max(longest, *seconds)
+    ax.set_xlim(0, longest * 1.02)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("seconds of training since the first rollout")
+    ax.set_ylabel("held-out pass@1 (greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    devices = sorted({row["device"] for row in rows})
+    dates = sorted({row["date"][:10] for row in rows})
+    fig.suptitle(f"Time to accuracy ({', '.join(devices)}; {', '.join(dates)})")
+    return fig
+
+
+def compare(row_files: list[Path], out: Path | None) -> int:
+    try:
+        rows = [json.loads(path.read_text()) for path in row_files]
+    except (OSError, ValueError) as e:
+        print(f"plot.py: cannot read a row: {e}", file=sys.stderr)
+        return 2
+    out = out or row_files[0].parent / "time_to_accuracy.png"
+    compare_figure(rows).savefig(out, dpi=120)
+    print(f"wrote {out} ({len(rows)} rows)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", type=Path, help="folder of one run's TensorBoard event files")
-    parser.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/curves.png)")
+    parser.add_argument("run_dir", type=Path, nargs="?", help="folder of one run's TensorBoard event files")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="ROW_JSON",
+                        help="row files of scripts/time_to_accuracy.py, drawn in one figure")
+    parser.add_argument("--out", type=Path,
+                        help="PNG path (default RUN_DIR/curves.png; with --compare, time_to_accuracy.png "
+                        "beside the first row)")
     args = parser.parse_args(argv)
+    if (args.run_dir is None) == (args.compare is None):
+        parser.error("give TB_DIR, or --compare with row files, not both")
+    if args.compare:
+        return compare(args.compare, args.out)
     try:
         run = read_run(args.run_dir)
     except (FileNotFoundError, ValueError) as e:

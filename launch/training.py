@@ -211,12 +211,17 @@ def echo_progress(line: str) -> None:
         print(f"[train] {line if plain(line).startswith('train.py: ') else line[-160:]}", flush=True)
 
 
-def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None) -> bool:
+def run_trainer(
+    cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None,
+    stop: threading.Event | None = None,
+) -> bool:
     """Run the trainer in its own process group, echo progress lines, always clean up.
 
-    With `time_limit` (seconds) the trainer is stopped when it runs out; returns whether
-    that happened (a trainer that fails on its own raises).
+    The trainer is stopped when `time_limit` (seconds) runs out, or when another thread sets
+    `stop` (a limit known only once the run has begun: scripts/time_to_accuracy.py); returns
+    whether it was stopped (a trainer that fails on its own raises). `stop` is set on return.
     """
+    stop = stop or threading.Event()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -225,13 +230,13 @@ def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit:
         )  # fmt: skip
         expired = threading.Event()
 
-        def stop_at_time_limit() -> None:
-            expired.set()
-            stop_group(proc)
+        def stop_when_asked() -> None:
+            stop.wait(time_limit or None)
+            if proc.poll() is None:
+                expired.set()
+                stop_group(proc)
 
-        timer = threading.Timer(time_limit, stop_at_time_limit) if time_limit else None
-        if timer:
-            timer.start()
+        threading.Thread(target=stop_when_asked, daemon=True).start()
         try:
             for line in proc.stdout:
                 log.write(plain(line))
@@ -240,8 +245,7 @@ def run_trainer(cmd: list[str], env: dict[str, str], log_path: Path, time_limit:
                 raise RuntimeError(f"training failed (exit {proc.returncode}); see {log_path}")
             return expired.is_set()
         finally:
-            if timer:
-                timer.cancel()
+            stop.set()
             stop_group(proc)
 
 
@@ -257,8 +261,8 @@ def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tup
 
 
 def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_path: Path,
-                   time_limit: float | None = None) -> bool:
-    return run_trainer(*trainer_launch(run_dir, overrides, server_addr), log_path, time_limit)
+                   time_limit: float | None = None, stop: threading.Event | None = None) -> bool:
+    return run_trainer(*trainer_launch(run_dir, overrides, server_addr), log_path, time_limit, stop)
 
 
 # AReaL's local, Ray and Slurm launchers exit 1 even after a complete run (docs/areal-bugs.md).

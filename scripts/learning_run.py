@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -122,17 +123,24 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         "actor.ppo_n_minibatches=2", f"actor.optimizer.warmup_steps_proportion={warmup}",
         "actor.prox_logp_method=loglinear",
         f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.train_max_new_tokens}",
-        f"eval_gconfig.max_new_tokens={args.max_new_tokens}",
+        "eval_gconfig.greedy=true", f"eval_gconfig.max_new_tokens={args.max_new_tokens}",
         f"rollout.max_concurrent_rollouts={2 * args.batch * args.n_samples}",
         f"train_dataset.path={data}/train_e.jsonl", f"train_dataset.batch_size={args.batch}",
         f"valid_dataset.path={data}/test_e.jsonl", f"valid_dataset.batch_size={args.test_size}",
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
         f"total_train_epochs={epochs}", f"total_train_steps={args.grpo_steps}",
-        f"evaluator.freq_steps={args.eval_every}",
+        *eval_schedule(args),
         "saver.freq_steps=null", "saver.freq_epochs=null", "recover.mode=disabled",
         f"skip_uniform_groups={str(args.skip_uniform_groups).lower()}",
         *args.set,
     ]  # fmt: skip
+
+
+def eval_schedule(args: argparse.Namespace) -> list[str]:
+    """The trainer's held-out evaluation: every --eval-every steps, or every --eval-seconds."""
+    if not args.eval_seconds:
+        return [f"evaluator.freq_steps={args.eval_every}"]
+    return ["evaluator.freq_steps=null", "evaluator.freq_epochs=null", f"evaluator.freq_secs={args.eval_seconds}"]
 
 
 def grpo_schedule(args: argparse.Namespace) -> tuple[int, float]:
@@ -178,7 +186,8 @@ def pass_at_1(report: dict) -> dict[str, float]:
     return {"all": report["overall"]["pass@1"], **by_count}
 
 
-def grpo_phase(args: argparse.Namespace) -> None:
+def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) -> None:
+    """Evaluate, train, evaluate; `stop`, set by another thread, ends training early."""
     model = (args.init or args.work / "warm_start").resolve()
     if not (model / "config.json").exists():
         raise SystemExit(f"no warm-started model at {model}: run the sft phase first, or pass --init")
@@ -193,7 +202,7 @@ def grpo_phase(args: argparse.Namespace) -> None:
         limit = f", stopped after {args.grpo_seconds:.0f} s" if args.grpo_seconds else ""
         print(f"[learn {start - START:.0f} s] train.py, {args.grpo_steps} GRPO steps{limit}", flush=True)
         stopped = training.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr,
-                                      args.work / "train.log", time_limit=args.grpo_seconds)
+                                      args.work / "train.log", time_limit=args.grpo_seconds, stop=stop)
         grpo_seconds = time.time() - start
         before = evaluation.result()
         if stopped:  # the stopped trainer may have left the server paused, or busy with its rollouts
@@ -255,7 +264,8 @@ def copy_outputs(work: Path, out: Path) -> None:
             shutil.copy(work / phase / "eval.md", out / f"{phase}.md")
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line; scripts/time_to_accuracy.py builds its rows' settings with it too."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("phase", choices=["sft", "grpo"])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learn")
@@ -285,12 +295,20 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="evaluation (evaluate.py and in training)")
     parser.add_argument("--train-max-new-tokens", type=int, default=192, help="grpo: training samples")
     parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--eval-seconds", type=int, default=0,
+                        help="grpo: evaluate every N seconds instead of every --eval-every steps "
+                        "(AReaL's evaluator.freq_secs: at the first step that ends N s after the last)")
     parser.add_argument("--skip-uniform-groups", action=argparse.BooleanOptionalAction, default=True,
                         help="grpo: train.py's skip_uniform_groups (DAPO's dynamic sampling)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.sft_batch % args.sft_pack:
         parser.error(f"--sft-batch {args.sft_batch} must be a multiple of --sft-pack {args.sft_pack}")
     args.work = args.work.resolve()
+    return args
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
     args.work.mkdir(parents=True, exist_ok=True)
     # `timeout` on the GPU machine sends SIGTERM: stop the trainer and the server cleanly and
     # still copy what the run has written so far.

@@ -1,7 +1,8 @@
 """plot.py: TensorBoard event files (as AReaL writes them, with tensorboardX) in, a CSV and a
-PNG out."""
+PNG out; and time-to-accuracy rows (as scripts/time_to_accuracy.py writes them) in one PNG."""
 
 import csv
+import json
 import math
 from datetime import datetime, timezone
 
@@ -148,3 +149,54 @@ def test_noisy_metric_gets_a_smoothed_line_over_its_points(tmp_path, monkeypatch
     assert np.ptp(smoothed.get_ydata()) < np.ptp(raw.get_ydata()) / 2
     assert min(raw.get_ydata()) <= min(smoothed.get_ydata())
     assert max(smoothed.get_ydata()) <= max(raw.get_ydata())
+
+
+def row_file(tmp_path, row, points, final, steps_per_minute):
+    """A row as scripts/time_to_accuracy.py writes it (the fields plot.py reads)."""
+    record = {
+        "row": row, "description": f"row {row}", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25T10:00:00+00:00",
+        "steps_per_minute": steps_per_minute,
+        "points": [{"seconds": s, "step": i, "pass@1": v} for i, (s, v) in enumerate(points)],
+        "final": {"seconds": final[0], "step": 99, "pass@1": {"all": final[1], "3 numbers": 0.6, "4 numbers": 0.3}},
+    }  # fmt: skip
+    path = tmp_path / f"row_{row}.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_compare_draws_one_line_per_row_against_seconds(tmp_path, monkeypatch):
+    rows = [row_file(tmp_path, "A", [(0.0, 0.35), (61.5, 0.40), (122.0, 0.45)], (450.0, 0.5), 15.24),
+            row_file(tmp_path, "C", [(0.0, 0.35), (60.2, 0.37)], (451.0, 0.41), 6.0)]  # fmt: skip
+    figures, make_figure = [], plot.compare_figure
+    monkeypatch.setattr(plot, "compare_figure", lambda rows: figures.append(make_figure(rows)) or figures[-1])
+    assert plot.main(["--compare", *map(str, rows), "--out", str(tmp_path / "tta.png")]) == 0
+    assert (tmp_path / "tta.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    (ax,) = figures[0].axes
+    assert ax.get_xlabel() == "seconds of training since the first rollout"
+    assert ax.get_ylabel() == "held-out pass@1 (greedy)"
+    assert ax.get_ylim() == (0, 1)
+    assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= 451
+    assert len(ax.lines) == 2  # one per row: its points, then its final evaluation
+    assert list(ax.lines[0].get_xdata()) == [0.0, 61.5, 122.0, 450.0]
+    assert list(ax.lines[0].get_ydata()) == [0.35, 0.40, 0.45, 0.5]
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels == ["A: row A (15.2 steps/min)", "C: row C (6.0 steps/min)"]
+    assert "NVIDIA H100 80GB HBM3" in figures[0].get_suptitle() and "2026-11-25" in figures[0].get_suptitle()
+
+
+def test_compare_writes_beside_the_first_row_by_default(tmp_path):
+    row = row_file(tmp_path, "D", [(0.0, 0.35)], (450.0, 0.5), 20.0)
+    assert plot.main(["--compare", str(row)]) == 0
+    assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
+
+
+def test_compare_with_an_unreadable_row_exits_2(tmp_path, capsys):
+    assert plot.main(["--compare", str(tmp_path / "row_A.json")]) == 2
+    assert "cannot read a row" in capsys.readouterr().err
+
+
+def test_a_run_folder_or_rows_but_not_both(tmp_path):
+    for argv in ([], [str(tmp_path), "--compare", str(tmp_path / "row_A.json")]):
+        with pytest.raises(SystemExit):
+            plot.main(argv)

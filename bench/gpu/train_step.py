@@ -33,8 +33,8 @@ varlen kernel and one sdpa call per sequence give the same log-probs.
 
 TRL (another process per shape): GRPOTrainer.train() on the same saved model, batch and GPU,
 for TRL's defaults (gradient checkpointing on), one minibatch, checkpointing off, and with
-TRL's own `use_liger_kernel` (a new trainer each). TRL is an extra for this bench only (not
-in requirements.txt): `pip install trl liger-kernel` (1.16.0 and 0.8.5 were used). Its
+TRL's own `use_liger_kernel` (a new trainer each). Liger is an extra for this bench only (TRL
+is in requirements.txt): `pip install liger-kernel` (TRL 1.16.0, Liger 0.8.5 were used). Its
 generation is replaced through TRL's own `rollout_func` hook, which returns the prebuilt
 prompt and completion ids instantly; the rest is TRL's unchanged code: padding, old
 log-probs, rewards from a reward function that returns the batch's rewards, group-

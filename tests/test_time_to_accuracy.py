@@ -1,0 +1,125 @@
+"""scripts/time_to_accuracy.py (issue 23) on CPU, with the project's tiny model.
+
+Real: row C runs TRL's GRPOTrainer for real (its generation, reward calls, loss and optimizer
+steps, the held-out callback's model.generate and scoring, the stop at --seconds), and row A
+runs scripts/learning_run.py's grpo phase for real (the dev server, train.py under torchrun,
+AReaL's evaluations every --eval-seconds, the stop --seconds after the first rollout,
+evaluate.py before and after). Not real: the model (1.4M parameters, random weights: it
+solves nothing, so every pass@1 is 0 and no group has a reward spread, hence
+--no-skip-uniform-groups for row A), the sizes (a handful of puzzles, 16-24 new tokens), the
+device and the time (an 8-15 s clock, not 450 s). The GPU rows are run by the commands in
+docs/results.md. The TensorBoard arithmetic is checked on event files written here.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboardX import SummaryWriter
+
+import plot
+from scripts import time_to_accuracy as tta
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "8",
+       "--batch", "4", "--n-samples", "2"]  # fmt: skip
+
+
+def run_row(row: str, model: Path, tmp_path: Path, *args: str) -> dict:
+    cmd = [sys.executable, "-m", "scripts.time_to_accuracy", "--row", row, "--init", str(model),
+           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *TOY, *args]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((tmp_path / "out" / f"row_{row}.json").read_text())
+
+
+def check_common_fields(record: dict, row: str, seconds: float) -> None:
+    assert record["row"] == row and record["device"] == "cpu" and record["date"]
+    assert record["command"].startswith(f"python3 -m scripts.time_to_accuracy --row {row}")
+    assert record["points"][0] == {"seconds": 0.0, "step": 0, "pass@1": 0.0}  # the warm start, before training
+    assert len(record["points"]) >= 2, record["points"]  # at least one evaluation during training
+    times = [p["seconds"] for p in record["points"]]
+    assert times == sorted(times) and times[-1] < record["final"]["seconds"]
+    assert all(0.0 <= p["pass@1"] <= 1.0 for p in record["points"])
+    assert set(record["final"]["pass@1"]) == {"all", "3 numbers", "4 numbers"}
+    assert all(0.0 <= v <= 1.0 for v in record["final"]["pass@1"].values())
+    assert record["steps"] >= 1 and record["steps_per_minute"] > 0
+    assert seconds <= record["training_seconds"] < seconds + 20  # stopped by the clock, at a step's end
+    assert record["seconds_per_step"]["step"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, tmp_path):
+    record = run_row("C", tiny_model_dir, tmp_path, "--seconds", "8", "--eval-seconds", "2", "--max-new-tokens",
+                     "16", "--train-max-new-tokens", "16", "--trl-eval-batch", "4")  # fmt: skip
+    check_common_fields(record, "C", 8)
+    assert record["framework"] == "TRL 1.16.0"
+    assert record["optimizer_steps"] == 2 * record["steps"]  # two minibatches per batch, as AReaL's
+    assert {"rollout", "update", "eval"} <= set(record["seconds_per_step"])
+    trl = record["settings"]["trl"]
+    assert (trl["learning_rate"], trl["num_generations"], trl["max_completion_length"]) == (1e-5, 2, 16)
+    assert (trl["generation_batch_size"], trl["steps_per_generation"], trl["per_device_train_batch_size"]) == (8, 2, 4)
+    assert (trl["beta"], trl["epsilon"], trl["loss_type"], trl["scale_rewards"]) == (0.0, 0.2, "dapo", "group")
+    assert (trl["warmup_steps"], trl["weight_decay"], trl["max_grad_norm"], trl["seed"]) == (6, 0.01, 1.0, 1)
+    assert record["settings"]["learning_run"]["grpo_lr"] == 1e-5
+    assert record["settings"]["areal_knobs"]["actor.optimizer.lr"] == 1e-5
+    assert {"schedule", "dynamic sampling", "advantages", "loss aggregation", "KL"} <= set(record["differences"])
+    assert any("rewards/countdown_reward/mean" in entry for entry in record["log_history"])
+
+
+@pytest.mark.timeout(300)
+def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_dir, tmp_path):
+    record = run_row("A", tiny_model_dir, tmp_path, "--seconds", "15", "--eval-seconds", "4",
+                     "--max-new-tokens", "24", "--train-max-new-tokens", "24", "--no-skip-uniform-groups",
+                     "--set", "seed=9137")  # fmt: skip
+    check_common_fields(record, "A", 15)
+    assert record["framework"] == "AReaL 1.0.4"
+    assert {"rollout", "train_step", "update_weights", "eval"} <= set(record["seconds_per_step"])
+    areal = record["settings"]["areal"]
+    assert areal["evaluator"]["freq_secs"] == 4 and areal["evaluator"]["freq_steps"] is None
+    assert areal["eval_gconfig"]["greedy"] and areal["eval_gconfig"]["max_new_tokens"] == 24
+    assert areal["rollout"]["max_head_offpolicyness"] == 2  # asynchronous, as shipped
+    assert record["settings"]["learning_run"]["decoder"] == "hf"
+    for name in ("train.log", "server.log", "eval_after.md"):
+        assert (tmp_path / "out" / "row_A" / name).stat().st_size > 0
+
+
+def test_rows_differ_only_as_issue_23_says(tmp_path):
+    common = ["--init", str(tmp_path), "--out", str(tmp_path)]
+    rows = {row: vars(tta.parse_args(["--row", row, *common])[1]) for row in "ABCD"}
+    assert rows["A"]["decoder"] == "hf" and rows["A"]["set"] == []
+    assert rows["B"] == {**rows["A"], "set": ["rollout.max_head_offpolicyness=0"], "work": rows["B"]["work"]}
+    assert rows["D"] == {**rows["A"], "decoder": "static", "work": rows["D"]["work"]}
+    assert rows["C"]["set"] == [] and rows["A"]["eval_seconds"] == 60
+    assert rows["A"]["grpo_seconds"] == 450 + tta.STARTUP_ALLOWANCE_S  # Deadline stops it at 450 s
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--row", "C", *common, "--set", "seed=3"])
+
+
+def write_steps(folder: Path, steps: dict[int, tuple[float, dict[str, float]]]) -> None:
+    """Event files as AReaL's StatsLogger writes them: {step: (wall time, {tag: value})}."""
+    with SummaryWriter(str(folder)) as writer:
+        for step, (wall_time, row) in steps.items():
+            for tag, value in row.items():
+                writer.add_scalar(tag, value, step, walltime=wall_time)
+
+
+def test_first_rollout_and_points_count_back_the_timed_sections(tmp_path):
+    sections = {"timeperf/rollout": 3.0, "timeperf/train_step": 1.5, "timeperf/update_weights": 0.5}
+    write_steps(tmp_path, {
+        0: (1000.0, {**sections, "timeperf/eval": 0.0}),
+        1: (1004.0, {**sections, "timeperf/eval": 1.0, "eval-rollout/success": 0.25}),
+    })  # fmt: skip
+    run = plot.read_run(tmp_path)
+    start = tta.first_rollout(run)
+    assert start == pytest.approx(995.0)  # the first commit less the first step's 5 s of sections
+    assert tta.areal_points(run, start) == [{"seconds": 8.0, "step": 2, "pass@1": 0.25}]  # 1004 - 1 s of eval
+    assert tta.areal_step_split(run)["step"] == pytest.approx(4.0)
+
+
+def test_first_rollout_waits_for_the_second_step(tmp_path):
+    """Until a later step is on disk, the first step's sections may not all be."""
+    write_steps(tmp_path, {0: (1000.0, {"timeperf/rollout": 3.0})})
+    assert tta.first_rollout(plot.read_run(tmp_path)) is None
