@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import countdown
 from dev_server.client import find_free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,10 +161,10 @@ def cpu_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> lis
         "gconfig.n_samples=4",
         "gconfig.max_new_tokens=40",
         "rollout.max_concurrent_rollouts=16",
-        f"train_dataset.path={data_dir}/train_e.jsonl",
+        f"train_dataset.path={data_dir / countdown.TRAIN_FILE}",
         f"train_dataset.batch_size={CPU_BATCH_SIZE}",
         "train_dataset.pin_memory=false",
-        f"valid_dataset.path={data_dir}/test_e.jsonl",
+        f"valid_dataset.path={data_dir / countdown.TEST_FILE}",
         "valid_dataset.batch_size=16",
         "valid_dataset.pin_memory=false",
         f"total_train_steps={steps}",

@@ -36,10 +36,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-START = time.time()
+import countdown
 from dev_server.client import http_json, serve
 from launch import training
+
+ROOT = Path(__file__).resolve().parent.parent
+START = time.time()
 
 
 def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> None:
@@ -65,7 +67,7 @@ def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
 
 def make_data(args: argparse.Namespace) -> Path:
     data = args.work / "data"
-    if not (data / "train_e.jsonl").exists() or not (data / "test_e.jsonl").exists():
+    if not (data / countdown.TRAIN_FILE).exists() or not (data / countdown.TEST_FILE).exists():
         run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", str(args.train_size),
              "--test-size", str(args.test_size), "--seed", "0"])  # fmt: skip
     return data
@@ -75,7 +77,7 @@ def sft_phase(args: argparse.Namespace) -> None:
     data, model, fileroot = make_data(args), args.work / "model", args.work / "sft"
     run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
     overrides = [
-        f"actor.path={model}", f"train_dataset.path={data}/train_e.jsonl",
+        f"actor.path={model}", f"train_dataset.path={data / countdown.TRAIN_FILE}",
         f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
         f"total_train_epochs={args.sft_epochs}", f"examples_per_row={args.sft_pack}",
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
@@ -125,8 +127,8 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.train_max_new_tokens}",
         "eval_gconfig.greedy=true", f"eval_gconfig.max_new_tokens={args.max_new_tokens}",
         f"rollout.max_concurrent_rollouts={2 * args.batch * args.n_samples}",
-        f"train_dataset.path={data}/train_e.jsonl", f"train_dataset.batch_size={args.batch}",
-        f"valid_dataset.path={data}/test_e.jsonl", f"valid_dataset.batch_size={args.test_size}",
+        f"train_dataset.path={data / countdown.TRAIN_FILE}", f"train_dataset.batch_size={args.batch}",
+        f"valid_dataset.path={data / countdown.TEST_FILE}", f"valid_dataset.batch_size={args.test_size}",
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
         f"total_train_epochs={epochs}", f"total_train_steps={args.grpo_steps}",
         *eval_schedule(args),
@@ -153,7 +155,7 @@ def grpo_schedule(args: argparse.Namespace) -> tuple[int, float]:
     The puzzles are counted from the train file itself: make_data keeps an existing one,
     whatever its size.
     """
-    with (args.work / "data" / "train_e.jsonl").open() as f:
+    with (args.work / "data" / countdown.TRAIN_FILE).open() as f:
         steps_per_epoch = sum(1 for _ in f) // args.batch
     epochs = math.ceil(args.grpo_steps / steps_per_epoch)
     return epochs, (args.grpo_warmup + 0.5) / (epochs * steps_per_epoch)
@@ -166,7 +168,7 @@ def server_options(args: argparse.Namespace) -> dict:
 
 def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path) -> dict:
     run([sys.executable, "evaluate.py", "--server", addr, "--tokenizer", str(tokenizer),
-         "--data", str(args.work / "data" / "test_e.jsonl"), "--max-new-tokens", str(args.max_new_tokens),
+         "--data", str(args.work / "data" / countdown.TEST_FILE), "--max-new-tokens", str(args.max_new_tokens),
          "--concurrency", "512", "--out-dir", str(out_dir)])  # fmt: skip
     return json.loads((out_dir / "eval.json").read_text())
 

@@ -286,7 +286,7 @@ def run(lr_args: argparse.Namespace, seconds: float, eval_seconds: float, eval_b
     knobs = areal_knobs(lr_args, model)
     config = trl_config(lr_args, knobs, lr_args.work / "trl")
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    test = countdown.load_puzzles(data / "test_e.jsonl")
+    test = countdown.load_puzzles(data / countdown.TEST_FILE)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in test])
     max_new_tokens = int(knobs["eval_gconfig.max_new_tokens"])
 
@@ -295,7 +295,7 @@ def run(lr_args: argparse.Namespace, seconds: float, eval_seconds: float, eval_b
 
     clock = HeldOutClock(evaluate_model, seconds, eval_seconds, config.steps_per_generation)
     trainer = TimedGRPOTrainer(model=str(model), reward_funcs=countdown_reward, args=config,
-                               train_dataset=train_dataset(data / "train_e.jsonl"), processing_class=tokenizer,
+                               train_dataset=train_dataset(data / countdown.TRAIN_FILE), processing_class=tokenizer,
                                callbacks=[clock])  # fmt: skip
     check_prompts(trainer, test)
     trainer.train()
