@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from areal.api.cli_args import GRPOConfig
 from areal.api.io_struct import FinetuneSpec
+from areal.utils import stats_logger as stats_logger_module
 from areal.utils.stats_logger import StatsLogger
 
 from areal_patches import progress_total
@@ -34,8 +33,9 @@ def test_the_stats_loggers_progress_line_counts_to_total_train_steps(tmp_path, c
     config.stats_logger.tensorboard.path = None
     progress_total.install()
     logger = StatsLogger(config, spec(puzzles=1000, batch=10))
-    # AReaL's loggers do not propagate to the root logger that caplog listens on.
-    areal_logger = logging.getLogger("StatsLogger")
+    # AReaL's loggers do not propagate to the root logger that caplog listens on, and AReaL
+    # replaces the logging manager as it goes: listen on the module's own logger object.
+    areal_logger = stats_logger_module.logger
     areal_logger.addHandler(caplog.handler)
     try:
         logger.commit(epoch=0, step=0, global_step=0, data={"reward": 0.5})
