@@ -197,18 +197,26 @@ def row_curve(row: dict) -> tuple[list[float], list[float]]:
     return [p["seconds"] for p in points], [p["pass@1"] for p in points]
 
 
+def row_seed(row: dict) -> int | None:
+    """The training seed a row ran with (AReaL's `seed`, or TRL's for row C)."""
+    return next((part["seed"] for part in row.get("settings", {}).values() if isinstance(part, dict) and "seed" in part), None)
+
+
 def compare_figure(rows: list[dict]) -> Figure:
-    """Held-out pass@1 against seconds since the first rollout, one line per row."""
+    """Held-out pass@1 against seconds since the first rollout, one line per row. The y axis
+    spans the rows' values (within 0..1), so that gaps of a few points stay visible."""
     fig = Figure(figsize=(9, 5.5), layout="constrained")
     ax = fig.subplots()
-    longest = 0.0
+    longest, rates_drawn = 0.0, []
     for row in rows:
         seconds, rates = row_curve(row)
-        label = f"{row['row']}: {row['description']} ({row['steps_per_minute']:.1f} steps/min)"
+        seed = row_seed(row)
+        name = row["row"] if seed is None else f"{row['row']} (seed {seed})"
+        label = f"{name}: {row['description']} ({row['steps_per_minute']:.1f} steps/min)"
         ax.plot(seconds, rates, marker="o", label=label, clip_on=False)
-        longest = max(longest, *seconds)
+        longest, rates_drawn = max(longest, *seconds), rates_drawn + rates
     ax.set_xlim(0, longest * 1.02)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(max(0.0, min(rates_drawn) - 0.05), min(1.0, max(rates_drawn) + 0.05))
     ax.set_xlabel("seconds of training since the first rollout")
     ax.set_ylabel("held-out pass@1 (greedy)")
     ax.grid(alpha=0.3)

@@ -175,14 +175,26 @@ def test_compare_draws_one_line_per_row_against_seconds(tmp_path, monkeypatch):
     (ax,) = figures[0].axes
     assert ax.get_xlabel() == "seconds of training since the first rollout"
     assert ax.get_ylabel() == "held-out pass@1 (greedy)"
-    assert ax.get_ylim() == (0, 1)
+    assert ax.get_ylim() == pytest.approx((0.30, 0.55))  # the rows' range, 0.05 either side
     assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= 451
     assert len(ax.lines) == 2  # one per row: its points, then its final evaluation
     assert list(ax.lines[0].get_xdata()) == [0.0, 61.5, 122.0, 450.0]
     assert list(ax.lines[0].get_ydata()) == [0.35, 0.40, 0.45, 0.5]
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
-    assert labels == ["A: row A (15.2 steps/min)", "C: row C (6.0 steps/min)"]
+    assert labels == ["A: row A (15.2 steps/min)", "C: row C (6.0 steps/min)"]  # no settings: no seed
     assert "NVIDIA H100 80GB HBM3" in figures[0].get_suptitle() and "2026-11-25" in figures[0].get_suptitle()
+
+
+def test_compare_names_the_seed_of_each_row(tmp_path):
+    rows = []
+    for name, settings in [("A", {"learning_run": {"decoder": "hf"}, "areal": {"seed": 1}}),
+                           ("C", {"areal_knobs": {"seed": 1}, "trl": {"seed": 1}}), ("D", {"areal": {"seed": 2}})]:  # fmt: skip
+        path = row_file(tmp_path, name, [(0.0, 0.0), (60.0, 1.0)], (450.0, 1.0), 10.0)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "settings": settings}))
+        rows.append(json.loads(path.read_text()))
+    ax = plot.compare_figure(rows).axes[0]
+    assert [text.get_text().split(":")[0] for text in ax.get_legend().get_texts()] == ["A (seed 1)", "C (seed 1)", "D (seed 2)"]
+    assert ax.get_ylim() == (0.0, 1.0)  # a rate's range is never left
 
 
 def test_compare_writes_beside_the_first_row_by_default(tmp_path):
