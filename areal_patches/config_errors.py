@@ -55,6 +55,28 @@ def unknown_key_problem(key: str, config_file: str) -> str | None:
             f"(the keys are those of {config_file}; a field it lacks is set with ++{key}=...)")  # fmt: skip
 
 
+BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}  # what OmegaConf takes as a bool
+
+
+def wrong_type_problem(key: str, value: str, config_file: str) -> str | None:
+    """OmegaConf's own line for a word where `config_file` has a number or a bool, so that it
+    comes before the imports; None when the value fits or only the dataclass can judge it
+    (strings, null, interpolations, a float where the file has an int)."""
+    default = OmegaConf.select(OmegaConf.load(config_file), key, default=None, throw_on_resolution_failure=False)
+    value = value.strip("'\"")
+    if value in ("null", "None") or "${" in value:
+        return None
+    if isinstance(default, bool):
+        return None if value.lower() in BOOLEAN_WORDS else f"{key}: Value '{value}' is not a valid bool (type str)"
+    if isinstance(default, (int, float)):
+        try:
+            float(value)
+        except ValueError:
+            kind = "Float" if isinstance(default, float) else "Integer"
+            return f"{key}: Value '{value}' of type 'str' could not be converted to {kind}"
+    return None
+
+
 def override_problem(key: str, config_cls: type, config_file: str) -> str:
     """Why Hydra refused `key`: a typo (with the closest keys) or a field the file lacks."""
     if first_unknown(key, OmegaConf.structured(config_cls)) is None:

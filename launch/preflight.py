@@ -3,8 +3,9 @@
 torch and AReaL take about ten seconds to import and print warnings on the way. A command
 run with the wrong Python, a config file or key that does not exist, a missing data file or
 a model folder that is not there is answered first, from the standard library and OmegaConf
-alone: one line on stderr, exit status 2 (the project's status for bad input). The full
-checks (value types, every row of the data) still run after the imports.
+alone: one line on stderr, exit status 2 (the project's status for bad input). So is a
+word where the config file has a number or a bool. The full checks (every value's type
+against AReaL's dataclasses, every row of the data) still run after the imports.
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
     for override in overrides:
         if not override.startswith(("+", "~")):
-            problem = config_errors.unknown_key_problem(key_of_override(override), config_file)
+            key, value = key_of_override(override), override.split("=", 1)[1]
+            problem = config_errors.unknown_key_problem(key, config_file)
+            problem = problem or config_errors.wrong_type_problem(key, value, config_file)
             if problem:
                 exit_bad_input(program, problem)
     config = OmegaConf.load(config_file)

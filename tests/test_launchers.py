@@ -213,7 +213,8 @@ def test_a_killed_trainer_is_resumed_by_the_local_launchers_retry(start_demo, tm
         ("actor.optimizer.lrr=1e-5",
          "unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr? (the keys are those of "
          "train_config.yaml; a field it lacks is set with ++actor.optimizer.lrr=...)"),
-        ("actor.optimizer.lr=fast", "actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
+        # A type only AReaL's dataclass knows (the file's 8 could be a float): after the imports.
+        ("gconfig.n_samples=0.5", "gconfig.n_samples: Value '0.5' of type 'float' could not be converted to Integer"),
         ("recover.retries=2", "'recover.retries' is not in train_config.yaml: set it with ++recover.retries=..."),
     ],
 )

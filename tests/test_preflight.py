@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from areal_patches.config_errors import wrong_type_problem
 from launch.preflight import key_of_override, override_value
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,10 @@ def data(tmp_path_factory) -> Path:
         ([*TRAIN, "train_dataset.path=/no/such/train.jsonl"], "train.py: /no/such/train.jsonl: no such file; run `python3 countdown.py`"),
         (["sft.py", "--config", "configs/sft_warm_start.yaml", "train_dataset.batch_sise=4"],
          "sft.py: unknown config key 'train_dataset.batch_sise': did you mean train_dataset.batch_size?"),
+        ([*TRAIN, "actor.optimizer.lr=fast"],
+         "train.py: actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
+        ([*TRAIN, "actor.gradient_checkpointing=maybe"],
+         "train.py: actor.gradient_checkpointing: Value 'maybe' is not a valid bool (type str)"),
     ],
 )
 def test_config_and_data_mistakes_are_one_line_before_the_imports(args, expected):
@@ -75,3 +80,20 @@ def test_the_last_override_of_a_key_wins_whatever_its_prefix():
     assert override_value(overrides, "actor.path") == "/b"
     assert override_value(overrides, "valid_dataset.path") is None
     assert key_of_override("+actor.optimizer.lr=1=2") == "actor.optimizer.lr"
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("actor.optimizer.lr", "1e-5"), ("actor.optimizer.lr", "3"), ("actor.optimizer.lr", "'2e-6'"),
+     ("gconfig.n_samples", "0.5"),  # a float where the file has an int: only the dataclass can tell
+     ("actor.gradient_checkpointing", "False"), ("actor.gradient_checkpointing", "off"),
+     ("actor.optimizer.lr", "null"), ("actor.optimizer.lr", "${actor.optimizer.weight_decay}"),
+     ("actor.path", "anything")],  # fmt: skip
+)
+def test_values_that_may_fit_are_left_to_the_full_check(key, value):
+    assert wrong_type_problem(key, value, str(ROOT / "train_config.yaml")) is None
+
+
+def test_a_word_for_an_integer_names_the_integer():
+    problem = wrong_type_problem("gconfig.n_samples", "eight", str(ROOT / "train_config.yaml"))
+    assert problem == "gconfig.n_samples: Value 'eight' of type 'str' could not be converted to Integer"
