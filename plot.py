@@ -1,6 +1,6 @@
 """Turn a training run's metrics into a CSV and a PNG, or compare time-to-accuracy rows.
 
-    python3 plot.py TB_DIR [--out curves.png]
+    python3 plot.py TB_DIR [--out curves.png] [--before PASS_AT_1]
     python3 plot.py --compare OUT/row_A.json OUT/row_C.json ... [--out time_to_accuracy.png]
 
 TB_DIR is the folder of one run's TensorBoard event files, which AReaL's StatsLogger writes to
@@ -41,7 +41,7 @@ PANELS = [
     ("reward", "mean reward", 1.0, {"reward": ""}),
     ("success", "fraction solved", 1.0, {"success": ""}),
     ("success by number count", "fraction solved", 1.0,
-     {"success_3nums": "3 numbers", "success_4nums": "4 numbers"}),
+     {"success_3nums": "3 numbers", "success_4nums": "4 numbers", "success_2nums": "2 numbers"}),
     ("<think><answer> format", "fraction of completions", 1.0, {"format_ok": ""}),
     ("completion length", "tokens per completion", None, {"completion_len": ""}),
     ("cut at max_new_tokens", "fraction of completions", 1.0, {"truncated": ""}),
@@ -49,7 +49,7 @@ PANELS = [
 SOURCES = {"rollout": "training", "eval-rollout": "held-out"}
 # A panel's second metric differs in line style and marker too, so that equal values (all 0
 # at the start of a run) leave both visible.
-SERIES_STYLES = [dict(linestyle="-", marker="D"), dict(linestyle="--", marker="s")]
+SERIES_STYLES = [dict(linestyle="-", marker="D"), dict(linestyle="--", marker="s"), dict(linestyle=":", marker="^")]
 MIN_POINTS_TO_SMOOTH = 10
 
 
@@ -149,8 +149,9 @@ def draw_series(
         ax.plot(steps, values, "o", linestyle=line, markersize=4, label=label, zorder=4, **kw)
 
 
-def figure(scalars: Scalars, suptitle: str) -> Figure:
-    """One panel per entry of PANELS; `scalars` numbered by training step (by_training_step)."""
+def figure(scalars: Scalars, suptitle: str, before: float | None = None) -> Figure:
+    """One panel per entry of PANELS; `scalars` numbered by training step (by_training_step).
+    `before`: held-out pass@1 before training, a dotted line on the success panel."""
     fig = Figure(figsize=(14, 7.5), layout="constrained")
     axes = fig.subplots(2, 3, sharex=True)
     for ax, (panel, ylabel, top, metrics) in zip(axes.flat, PANELS):
@@ -161,6 +162,9 @@ def figure(scalars: Scalars, suptitle: str) -> Figure:
                     label = f"{source}, {metric_label}" if metric_label else source
                     style = dict(color=f"C{2 * i + j}", **SERIES_STYLES[i])
                     draw_series(ax, points, label, style, held_out=prefix == "eval-rollout")
+        if before is not None and panel == "success":
+            label = f"held-out, before training ({before:.1%})"
+            ax.axhline(before, color="C1", linestyle=":", linewidth=2, label=label)
         values = [v for line in ax.lines for v in line.get_ydata()]
         ax.set_ylim(0, top or (max([1.0, *values]) * 1.05))
         ax.set_title(panel, pad=10)  # clear of the markers on the frame at 1
@@ -244,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, nargs="?", help="folder of one run's TensorBoard event files")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="ROW_JSON",
                         help="row files of scripts/time_to_accuracy.py, drawn in one figure")
+    parser.add_argument("--before", type=float, metavar="PASS_AT_1",
+                        help="held-out pass@1 before training (e.g. the CPU demo's warm start), drawn as a line")
     parser.add_argument("--out", type=Path,
                         help="PNG path (default RUN_DIR/curves.png; with --compare, time_to_accuracy.png "
                         "beside the first row)")
@@ -260,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     scalars = by_training_step(run.scalars)
     out = args.out or args.run_dir / "curves.png"
     write_csv(scalars, out.with_suffix(".csv"))
-    figure(scalars, title(run, all_steps(scalars))).savefig(out, dpi=120)
+    figure(scalars, title(run, all_steps(scalars)), args.before).savefig(out, dpi=120)
     print(f"wrote {out} and {out.with_suffix('.csv')} ({len(scalars)} metrics)")
     return 0
 

@@ -2,10 +2,10 @@
 
     python3 bench/bench_cpu_step.py [--steps 4]
 
-Runs the CPU demo (tools/demo.py: tiny model, dev server, train.py) for a few steps and
-reads AReaL's own per-step timers (`timeperf/*`) from its TensorBoard files. Step 1 pays
-one-off warm-up, so the table averages the later steps. The reward's share is measured
-directly: compute_score over as many realistic completions as one step scores.
+Runs the quick CPU demo (`tools/demo.py --quick`: tiny model, dev server, train.py) for a
+few steps and reads AReaL's own per-step timers (`timeperf/*`) from its TensorBoard files.
+Step 1 pays one-off warm-up, so the table averages the later steps. The reward's share is
+measured directly: compute_score over as many realistic completions as one step scores.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        demo.main(["--run-dir", str(run_dir), "--steps", str(args.steps)])
+        demo.main(["--quick", "--run-dir", str(run_dir), "--steps", str(args.steps)])
         scalars = plot.load_run(run_dir / "logs" / "tensorboard")
 
     later = [s for s in sorted(scalars["timeperf/rollout"]) if s > 0] or [0]

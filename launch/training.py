@@ -191,6 +191,24 @@ def trainer_env(server_addr: str) -> dict[str, str]:
     return seam_env({"AREAL_SPMD_MODE": "1", "AREAL_LLM_SERVER_ADDRS": server_addr})
 
 
+def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
+    """The HF folder the Saver wrote last (highest global step)."""
+    folders = list(fileroot.glob(f"checkpoints/*/{experiment}/*/default/epoch*globalstep*"))
+    if not folders:
+        raise FileNotFoundError(f"no saved model under {fileroot}/checkpoints/*/{experiment}")
+    return max(folders, key=lambda p: int(p.name.rsplit("globalstep", 1)[1]))
+
+
+def run_sft(fileroot: Path, overrides: list[str], log_path: Path) -> Path:
+    """The supervised warm start (sft.py, configs/sft_warm_start.yaml) as AReaL's local
+    launcher runs a trainer, its files under `fileroot`; returns the model it saved last."""
+    overrides = [f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
+                 *overrides]  # fmt: skip
+    cmd = trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
+    run_trainer(cmd, trainer_env(""), log_path)
+    return latest_checkpoint(fileroot, "countdown-sft")
+
+
 PROGRESS = re.compile(
     r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|dev_server\[\d+\] INFO serving on|^train\.py: "
 )

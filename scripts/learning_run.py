@@ -57,14 +57,6 @@ def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> Non
         raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
-def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
-    """The HF folder the Saver wrote last (highest global step)."""
-    folders = list(fileroot.glob(f"checkpoints/*/{experiment}/*/default/epoch*globalstep*"))
-    if not folders:
-        raise FileNotFoundError(f"no saved model under {fileroot}/checkpoints/*/{experiment}")
-    return max(folders, key=lambda p: int(p.name.rsplit("globalstep", 1)[1]))
-
-
 def make_data(args: argparse.Namespace) -> Path:
     data = args.work / "data"
     if not (data / countdown.TRAIN_FILE).exists() or not (data / countdown.TEST_FILE).exists():
@@ -78,19 +70,17 @@ def sft_phase(args: argparse.Namespace) -> None:
     run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
     overrides = [
         f"actor.path={model}", f"train_dataset.path={data / countdown.TRAIN_FILE}",
-        f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
         f"total_train_epochs={args.sft_epochs}", f"examples_per_row={args.sft_pack}",
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
     ]  # fmt: skip
-    env = training.trainer_env("")
     start = time.time()
-    cmd = training.trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
-    run(cmd, log=args.work / "sft.log", env=env)
+    print(f"[learn {start - START:.0f} s] sft.py, log {args.work / 'sft.log'}", flush=True)
+    saved = training.run_sft(fileroot, overrides, args.work / "sft.log")
     seconds = time.time() - start
     warm_start = args.work / "warm_start"
     shutil.rmtree(warm_start, ignore_errors=True)
-    shutil.copytree(latest_checkpoint(fileroot, "countdown-sft"), warm_start)
+    shutil.copytree(saved, warm_start)
     with serve(str(warm_start), timeout=600, **server_options(args)) as addr:
         report = evaluate(addr, warm_start, args, args.work / "eval_warm_start")
     record = {

@@ -54,9 +54,10 @@ def single_rank():
 
 @pytest.fixture
 def start_demo():
-    """`python3 -m tools.demo RUN_DIR ARGS...` as a terminal starts it: with Ctrl-C's default
-    action, even where pytest runs under a shell that started it in the background with
-    SIGINT ignored (inherited, that would keep Python from raising KeyboardInterrupt).
+    """`python3 -m tools.demo --quick --run-dir RUN_DIR ARGS...` (the run that shows every part
+    working, not the one that learns) as a terminal starts it: with Ctrl-C's default action,
+    even where pytest runs under a shell that started it in the background with SIGINT
+    ignored (inherited, that would keep Python from raising KeyboardInterrupt).
 
     A demo still running when its test ends (a failed assertion, a time-out) gets Ctrl-C,
     which stops every process of its run, and is killed if that takes over a minute.
@@ -65,7 +66,7 @@ def start_demo():
 
     def start(run_dir: Path, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.demo", "--run-dir", str(run_dir), *args],
+            [sys.executable, "-m", "tools.demo", "--quick", "--run-dir", str(run_dir), *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip

@@ -34,7 +34,7 @@ def zero_run(tmp_path, steps=3):
     return tb_dir
 
 
-def figure_of(monkeypatch, tb_dir):
+def figure_of(monkeypatch, tb_dir, *options):
     """Run the CLI and keep the Figure it saved."""
     figures, make_figure = [], plot.figure
 
@@ -43,7 +43,7 @@ def figure_of(monkeypatch, tb_dir):
         return figures[-1]
 
     monkeypatch.setattr(plot, "figure", keep)
-    assert plot.main([str(tb_dir)]) == 0
+    assert plot.main([str(tb_dir), *options]) == 0
     return figures[0]
 
 
@@ -119,6 +119,20 @@ def test_rate_panels_span_0_to_1_even_when_every_value_is_0(tmp_path, monkeypatc
                   "cut at max_new_tokens"]:
         assert panel(fig, title).get_ylim() == (0, 1)
     assert panel(fig, "completion length").get_ylim()[0] == 0
+
+
+def test_before_is_a_line_on_the_success_panel_at_the_pass_at_1_it_gives(tmp_path, monkeypatch):
+    fig = figure_of(monkeypatch, zero_run(tmp_path), "--before", "0.314")
+    before = [line for line in panel(fig, "success").lines if "before training" in line.get_label()]
+    assert len(before) == 1 and set(before[0].get_ydata()) == {0.314}
+    assert "31.4%" in before[0].get_label()
+    others = [line for ax in fig.axes if ax is not panel(fig, "success") for line in ax.lines]
+    assert not any("before" in line.get_label() for line in others)
+
+
+def test_without_before_no_panel_has_that_line(tmp_path, monkeypatch):
+    fig = figure_of(monkeypatch, zero_run(tmp_path))
+    assert not any("before" in line.get_label() for ax in fig.axes for line in ax.lines)
 
 
 def test_title_names_the_run_and_its_date_not_the_folder(tmp_path, monkeypatch):

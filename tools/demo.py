@@ -1,33 +1,67 @@
-"""The CPU demo: the whole training loop on a laptop-class machine, no GPU, no downloads.
+"""The CPU demo: a tiny model trained on Countdown, warm start then GRPO, on a laptop-class
+machine, no GPU, no downloads.
 
-    python3 -m tools.demo [--launcher single|local|ray|slurm]      (`make demo LAUNCHER=...`)
+    python3 -m tools.demo [--quick] [--seed N] [--launcher single|local|ray|slurm]   (`make demo`)
 
-It builds a small Countdown dataset and a tiny Qwen2-architecture model with the project's
-own tokenizer, then runs the command a user runs, with the CPU overrides of
-`launch.training.cpu_overrides` (and any given after the options):
+By default (what it takes and what it reaches: docs/results.md, "The CPU demo learns"):
+
+1. puzzles: two numbers from 1-50 and a target from 1-100 (countdown.py), 2,300 to train
+   on and 500 held out;
+2. a 1.4M-parameter Qwen2-architecture model from random weights, with the project's own
+   tokenizer (tools/make_tiny_model.py --preset demo);
+3. a warm start: sft.py (AReaL's SFTTrainer) on the reference solutions, as
+   scripts/learning_run.py's sft phase runs it (`SFT`);
+4. the warm start's held-out pass@1 (evaluate.py, greedy);
+5. GRPO: the command a user runs, with the CPU overrides of `launch.training.cpu_overrides`,
+   the demo's learning settings (`LEARN`) and any given after the options:
 
     single  python3 train.py --config train_config.yaml scheduler.type=local ...   (default)
     local   python3 -m areal.infra.launcher.local train.py --config train_config.yaml ...
     ray     the same with areal.infra.launcher.ray, on a one-node Ray cluster started for it
     slurm   the same with areal.infra.launcher.slurm, on a one-node Slurm cluster (root)
 
+AReaL evaluates the held-out puzzles every 10 steps; the run ends with curves.png and
+"held-out pass@1 X% -> Y%" (the warm start, then the trained model's last evaluation).
+
+`--quick` runs only the last step, on the model from random weights (preset tiny), for 3
+steps: every part of the loop runs, nothing is learnt (its reward stays near zero). The
+tests use it.
+
 AReaL starts everything itself (RPC workers, rollout server, trainer). The one difference
-from a GPU machine is dev_server/sglang_seam on PYTHONPATH: the rollout server AReaL starts
-is the dev server instead of SGLang. The model starts from random weights, so its reward
-stays near zero: the demo shows that every part of the loop runs, not that a tiny model
-learns (see docs/results.md for that).
+from a GPU machine is dev_server/sglang_seam on PYTHONPATH: the rollout server AReaL starts is
+the dev server instead of SGLang.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from launch.training import CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, run_user_command
+import countdown
+from launch.training import CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, run_sft, run_user_command
+
+PUZZLES = ["--min-numbers", "2", "--max-numbers", "2", "--num-max", "50", "--target-min", "1", "--target-max", "100"]
+TRAIN_PUZZLES, HELD_OUT = 2300, 500
+MAX_NEW_TOKENS = 72  # the longest reference completion of these puzzles is 71 tokens
+GRPO_STEPS = 40
+# sft.py on the train puzzles. One example per row: with configs/sft_warm_start.yaml's
+# packing (made for a per-row cost of the GPU machine) the tiny model learnt to copy the
+# prompt's numbers late or not at all (docs/results.md).
+SFT = ["actor.dtype=float32", "actor.optimizer.lr=3e-3", "total_train_epochs=4",
+       "examples_per_row=1", "train_dataset.batch_size=16"]  # fmt: skip
+# train.py, after cpu_overrides: more samples per puzzle (a spread of rewards to learn from),
+# only puzzles whose samples disagree, the whole held-out set evaluated every 10 steps.
+LEARN = [
+    "train_dataset.batch_size=8", "gconfig.n_samples=8", "gconfig.temperature=0.7",
+    f"gconfig.max_new_tokens={MAX_NEW_TOKENS}", "actor.optimizer.lr=1e-4", "skip_uniform_groups=true",
+    "actor.mb_spec.max_tokens_per_mb=16384", "rollout.max_concurrent_rollouts=128",
+    f"valid_dataset.batch_size={HELD_OUT}", "evaluator.freq_steps=10",
+]  # fmt: skip
 
 
 def run_step(title: str, cmd: list[str]) -> None:
@@ -35,35 +69,62 @@ def run_step(title: str, cmd: list[str]) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def summary(tensorboard_dir: Path, seconds: float) -> str:
+def summary(tensorboard_dir: Path, seconds: float, before: float | None) -> str:
+    """One line; `before`: the warm start's held-out pass@1, shown next to the last evaluation."""
     import plot
 
     scalars = plot.load_run(tensorboard_dir)
 
-    def last(tag: str) -> str:
+    def last(tag: str, form: str = ".3f") -> str:
         points = scalars.get(tag)
-        return f"{points[max(points)]:.3f}" if points else "n/a"
+        return format(points[max(points)], form) if points else "n/a"
 
     steps = len(scalars.get("rollout/reward", {}))
+    held_out = f"eval pass@1 {last('eval-rollout/success')}"
+    if before is not None:
+        after = last("eval-rollout/success", ".1%")
+        held_out = f"held-out pass@1 {before:.1%} -> {after} ({HELD_OUT} puzzles, greedy)"
     return (
         f"[demo] done in {seconds:.0f} s: {steps} steps, last reward {last('rollout/reward')}, "
-        f"eval pass@1 {last('eval-rollout/success')}, "
-        f"format rate {last('rollout/format_ok')}"
+        f"{held_out}, format rate {last('rollout/format_ok')}"
     )
 
 
-def evaluate_command(run_dir: Path) -> str:
+def evaluate_command(run_dir: Path, *options: str) -> list[str]:
     """The README's evaluation command for the model the run saved last, on its test split."""
     saved = max(run_dir.glob("checkpoints/*/*/*/default/epoch*globalstep*"), key=lambda p: p.stat().st_mtime)
-    return f"python3 evaluate.py --model {saved} --data {run_dir / 'data' / 'test_e.jsonl'}"
+    data = run_dir / "data" / countdown.TEST_FILE
+    return ["python3", "evaluate.py", "--model", str(saved), "--data", str(data), *options]
+
+
+def warm_start(run_dir: Path, data_dir: Path, model_dir: Path, seed: int) -> tuple[Path, float]:
+    """Steps 1-4 of the docstring: the warm-started model and its held-out pass@1."""
+    run_step("1/5 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir), *PUZZLES,
+                             "--train-size", str(TRAIN_PUZZLES), "--test-size", str(HELD_OUT)])  # fmt: skip
+    run_step("2/5 tiny model", [sys.executable, "-m", "tools.make_tiny_model", "--out", str(model_dir),
+                                "--preset", "demo", "--seed", str(seed)])  # fmt: skip
+    print(f"[demo] 3/5 warm start: sft.py on the reference solutions (log: {run_dir / 'sft.log'})", flush=True)
+    sft_overrides = [f"actor.path={model_dir}", f"train_dataset.path={data_dir / countdown.TRAIN_FILE}", *SFT]
+    sft_model = run_sft(run_dir / "sft", [*sft_overrides, f"seed={seed}"], run_dir / "sft.log")
+    evaluation = run_dir / "eval_warm_start"
+    run_step("4/5 held-out pass@1 of the warm start", [
+        sys.executable, "evaluate.py", "--model", str(sft_model), "--data", str(data_dir / countdown.TEST_FILE),
+        "--device", "cpu", "--max-new-tokens", str(MAX_NEW_TOKENS), "--concurrency", str(HELD_OUT),
+        "--out-dir", str(evaluation),
+    ])  # fmt: skip
+    return sft_model, json.loads((evaluation / "eval.json").read_text())["overall"]["pass@1"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the whole GRPO loop on CPU.")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "cpu-demo")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true",
+                        help="random weights, a few steps: every part runs, nothing is learnt")
+    parser.add_argument("--steps", type=int, help=f"GRPO steps (default {GRPO_STEPS}; --quick: 3)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the model's random weights, sft.py's and train.py's shuffling and sampling")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="single")
-    parser.add_argument("--time-limit", type=float, default=900, help="seconds before the run is stopped")
+    parser.add_argument("--time-limit", type=float, default=900, help="seconds before the training is stopped")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for train.py, applied last")
     args = parser.parse_args(argv)
 
@@ -74,27 +135,35 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = final_dir.with_name(final_dir.name + ".partial")
     shutil.rmtree(run_dir, ignore_errors=True)
     data_dir, model_dir = run_dir / "data", run_dir / "model"
-    # One epoch is the whole run: AReaL counts its progress ("Train step 1/N") in epochs.
-    train_size = args.steps * CPU_BATCH_SIZE
-    run_step("1/3 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir),
-                             "--train-size", str(train_size), "--test-size", "32"])  # fmt: skip
-    run_step("2/3 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
-                                "--out", str(model_dir), "--preset", "tiny"])  # fmt: skip
-    print(f"[demo] 3/3 training, launcher {args.launcher} (full log: {run_dir / 'train.log'}): AReaL starts "
-          "its workers and the rollout server, then the first batch of rollouts; the first step takes longest",
+    if args.quick:
+        steps, before, settings, n = args.steps or 3, None, [], 3
+        # One epoch is the whole run: AReaL counts its progress ("Train step 1/N") in epochs.
+        run_step("1/3 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir),
+                                 "--train-size", str(steps * CPU_BATCH_SIZE), "--test-size", "32"])  # fmt: skip
+        run_step("2/3 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
+                                    "--out", str(model_dir), "--preset", "tiny", "--seed", str(args.seed)])  # fmt: skip
+        model = model_dir
+    else:
+        steps, settings, n = args.steps or GRPO_STEPS, LEARN, 5
+        model, before = warm_start(run_dir, data_dir, model_dir, args.seed)
+        print(f"[demo] warm start: held-out pass@1 {before:.1%} on {HELD_OUT} puzzles", flush=True)
+    print(f"[demo] {n}/{n} GRPO training, launcher {args.launcher} (full log: {run_dir / 'train.log'}): AReaL "
+          "starts its workers and the rollout server, then the first batch of rollouts; the first step takes longest",
           flush=True)  # fmt: skip
-    overrides = cpu_overrides(run_dir, model_dir, data_dir, args.steps) + [
-        f"actor.path={model_dir}", "stats_logger.wandb.mode=disabled",
-        f"saver.freq_steps={args.steps}",  # the trained model, as a Hugging Face folder
+    overrides = cpu_overrides(run_dir, model, data_dir, steps) + [
+        "stats_logger.wandb.mode=disabled", *settings, f"seed={args.seed}",
+        f"saver.freq_steps={steps}",  # the trained model, as a Hugging Face folder
     ]  # fmt: skip
     run_user_command(args.launcher, run_dir, overrides, args.time_limit, args.overrides)
     shutil.rmtree(final_dir, ignore_errors=True)
     run_dir.rename(final_dir)
     tensorboard_dir = final_dir / "logs" / "tensorboard"
-    subprocess.run([sys.executable, "plot.py", str(tensorboard_dir),
-                    "--out", str(final_dir / "curves.png")], check=True, cwd=ROOT)  # fmt: skip
-    print(summary(tensorboard_dir, time.time() - start))
-    print(f"[demo] evaluate the trained model: {evaluate_command(final_dir)}")
+    plot_options = [] if before is None else ["--before", str(before)]
+    subprocess.run([sys.executable, "plot.py", str(tensorboard_dir), "--out", str(final_dir / "curves.png"),
+                    *plot_options], check=True, cwd=ROOT)  # fmt: skip
+    print(summary(tensorboard_dir, time.time() - start, before))
+    options = [] if args.quick else ["--max-new-tokens", str(MAX_NEW_TOKENS)]
+    print(f"[demo] evaluate the trained model: {' '.join(evaluate_command(final_dir, *options))}")
     return 0
 
 

@@ -1,0 +1,98 @@
+"""The CPU demo's two modes without running them: which steps and settings each one takes,
+the summary line, and the warm start's checkpoint; the runs themselves are in test_demo.py
+(`--quick`) and docs/results.md (the default, which learns)."""
+
+from pathlib import Path
+
+import pytest
+from tensorboardX import SummaryWriter
+
+from launch import training
+from tools import demo
+
+
+class TrainingStarted(Exception):
+    """Stands in for the training run: the test stops there."""
+
+
+@pytest.fixture
+def planned(monkeypatch, tmp_path):
+    """main(argv) up to the GRPO run: the titles of the steps it ran, the seed it built a warm
+    start with (None: none built), and the overrides it gave the training command."""
+    plan = {"steps": [], "warm_start": None}
+
+    def warm_start(run_dir, data_dir, model_dir, seed):
+        plan["warm_start"] = seed
+        return Path("/warm/start"), 0.25
+
+    def run_user_command(launcher, run_dir, overrides, time_limit, extra):
+        plan["overrides"] = overrides
+        raise TrainingStarted
+
+    monkeypatch.setattr(demo, "run_step", lambda title, cmd: plan["steps"].append(title))
+    monkeypatch.setattr(demo, "warm_start", warm_start)
+    monkeypatch.setattr(demo, "run_user_command", run_user_command)
+
+    def plan_of(*argv: str) -> dict:
+        with pytest.raises(TrainingStarted):
+            demo.main(["--run-dir", str(tmp_path / "demo"), *argv])
+        return plan
+
+    return plan_of
+
+
+def test_the_default_demo_warm_starts_then_trains_with_the_learning_settings(planned):
+    plan = planned()
+    assert plan["warm_start"] == 1 and "seed=1" in plan["overrides"]
+    overrides = plan["overrides"]
+    assert f"total_train_steps={demo.GRPO_STEPS}" in overrides
+    assert overrides[-len(demo.LEARN) - 2 : -2] == demo.LEARN  # after cpu_overrides
+    assert overrides.index("actor.path=/warm/start") < overrides.index(demo.LEARN[0])
+
+
+def test_quick_trains_the_random_model_for_three_steps_with_the_cpu_overrides_only(planned):
+    plan = planned("--quick")
+    assert plan["warm_start"] is None
+    assert plan["steps"] == ["1/3 puzzles", "2/3 tiny model"]
+    assert "total_train_steps=3" in plan["overrides"]
+    after_cpu_overrides = plan["overrides"][plan["overrides"].index("recover.freq_steps=1") + 1 :]
+    assert after_cpu_overrides == ["stats_logger.wandb.mode=disabled", "seed=1", "saver.freq_steps=3"]
+
+
+def test_seed_reaches_the_warm_start_and_the_training(planned):
+    plan = planned("--seed", "7")
+    assert plan["warm_start"] == 7 and plan["overrides"][-2:] == ["seed=7", f"saver.freq_steps={demo.GRPO_STEPS}"]
+
+
+def write_events(folder: Path, rows: dict[int, dict[str, float]]) -> Path:
+    with SummaryWriter(str(folder / "exp" / "trial")) as writer:
+        for step, row in rows.items():
+            for tag, value in row.items():
+                writer.add_scalar(tag, value, step)
+    return folder
+
+
+def test_summary_shows_held_out_pass_at_1_before_and_after(tmp_path):
+    tb_dir = write_events(tmp_path, {
+        step: {"rollout/reward": 0.5, "rollout/format_ok": 1.0, **({"eval-rollout/success": 0.2 + step / 100}
+                                                                    if step % 10 == 9 else {})}
+        for step in range(40)
+    })  # fmt: skip
+    line = demo.summary(tb_dir, 512.3, before=0.314)
+    assert line.startswith("[demo] done in 512 s: 40 steps")
+    assert f"held-out pass@1 31.4% -> 59.0% ({demo.HELD_OUT} puzzles, greedy)" in line
+
+
+def test_summary_of_a_run_too_short_to_evaluate_says_so(tmp_path):
+    tb_dir = write_events(tmp_path, {step: {"rollout/reward": 0.5} for step in range(3)})
+    assert "held-out pass@1 31.4% -> n/a" in demo.summary(tb_dir, 60, before=0.314)
+    assert "eval pass@1 n/a" in demo.summary(tb_dir, 60, before=None)
+
+
+def test_latest_checkpoint_is_the_highest_global_step_not_the_newest_or_last_name(tmp_path):
+    saved = tmp_path / "checkpoints" / "root" / "countdown-sft" / "warmstart" / "default"
+    for name in ("epoch0epochstep10globalstep10", "epoch0epochstep9globalstep9"):  # 9: newest, last by name
+        (saved / name).mkdir(parents=True)
+    assert training.latest_checkpoint(tmp_path, "countdown-sft").name == "epoch0epochstep10globalstep10"
+    with pytest.raises(FileNotFoundError):
+        training.latest_checkpoint(tmp_path, "countdown-grpo")
