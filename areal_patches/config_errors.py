@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launch.preflight import exit_bad_input, key_of_override
@@ -58,11 +58,11 @@ def unknown_key_problem(key: str, config_file: str) -> str | None:
 BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}  # what OmegaConf takes as a bool
 
 
-def wrong_type_problem(key: str, value: str, config_file: str) -> str | None:
-    """OmegaConf's own line for a word where `config_file` has a number or a bool, so that it
-    comes before the imports; None when the value fits or only the dataclass can judge it
-    (strings, null, interpolations, a float where the file has an int)."""
-    default = OmegaConf.select(OmegaConf.load(config_file), key, default=None, throw_on_resolution_failure=False)
+def wrong_type_problem(key: str, value: str, config: DictConfig) -> str | None:
+    """OmegaConf's own line for a word where the config file (loaded: `config`) has a number or
+    a bool, so that it comes before the imports; None when the value fits or only the dataclass
+    can judge it (strings, null, interpolations, a float where the file has an int)."""
+    default = OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
     value = value.strip("'\"")
     if value in ("null", "None") or "${" in value:
         return None

@@ -74,14 +74,14 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
     if not os.path.isfile(config_file):
         exit_bad_input(program, f"{config_file}: no such config file")
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    config = OmegaConf.load(config_file)
     for override in overrides:
         if not override.startswith(("+", "~")):
             key, value = key_of_override(override), override.split("=", 1)[1]
             problem = config_errors.unknown_key_problem(key, config_file)
-            problem = problem or config_errors.wrong_type_problem(key, value, config_file)
+            problem = problem or config_errors.wrong_type_problem(key, value, config)
             if problem:
                 exit_bad_input(program, problem)
-    config = OmegaConf.load(config_file)
 
     def setting(key: str) -> str | None:
         """The key's value, unless it needs interpolation (checked after the imports)."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from areal_patches.config_errors import wrong_type_problem
 from launch.preflight import key_of_override, override_value
@@ -91,9 +92,9 @@ def test_the_last_override_of_a_key_wins_whatever_its_prefix():
      ("actor.path", "anything")],  # fmt: skip
 )
 def test_values_that_may_fit_are_left_to_the_full_check(key, value):
-    assert wrong_type_problem(key, value, str(ROOT / "train_config.yaml")) is None
+    assert wrong_type_problem(key, value, OmegaConf.load(ROOT / "train_config.yaml")) is None
 
 
 def test_a_word_for_an_integer_names_the_integer():
-    problem = wrong_type_problem("gconfig.n_samples", "eight", str(ROOT / "train_config.yaml"))
+    problem = wrong_type_problem("gconfig.n_samples", "eight", OmegaConf.load(ROOT / "train_config.yaml"))
     assert problem == "gconfig.n_samples: Value 'eight' of type 'str' could not be converted to Integer"

@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 import countdown
-from launch.training import CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, run_sft, run_user_command
+from launch.training import (CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, latest_checkpoint, run_sft,
+                             run_user_command)
 
 PUZZLES = ["--min-numbers", "2", "--max-numbers", "2", "--num-max", "50", "--target-min", "1", "--target-max", "100"]
 TRAIN_PUZZLES, HELD_OUT = 2300, 500
@@ -93,7 +94,7 @@ def summary(tensorboard_dir: Path, seconds: float, before: float | None) -> str:
 
 def evaluate_command(run_dir: Path, *options: str) -> list[str]:
     """The README's evaluation command for the model the run saved last, on its test split."""
-    saved = max(run_dir.glob("checkpoints/*/*/*/default/epoch*globalstep*"), key=lambda p: p.stat().st_mtime)
+    saved = latest_checkpoint(run_dir, experiment="*")
     data = run_dir / "data" / countdown.TEST_FILE
     return ["python3", "evaluate.py", "--model", str(saved), "--data", str(data), *options]
 

@@ -61,23 +61,19 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
+TINY = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
 PRESETS: dict[str, dict] = {
-    "tiny": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    ),
+    "tiny": TINY,
     # tiny's sizes in 8 heads of 32 (4 key/value heads): the CPU demo's model, the one every
     # measured demo run used (docs/results.md). Same parameter count as tiny.
-    "demo": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-    ),
+    "demo": {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4},
     "small": dict(
         hidden_size=512,
         intermediate_size=1536,
