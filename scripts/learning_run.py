@@ -122,7 +122,7 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
         f"total_train_epochs={epochs}", f"total_train_steps={args.grpo_steps}",
         *eval_schedule(args),
-        "saver.freq_steps=null", "saver.freq_epochs=null", "recover.mode=disabled",
+        f"saver.freq_steps={args.save_every or 'null'}", "saver.freq_epochs=null", "recover.mode=disabled",
         f"skip_uniform_groups={str(args.skip_uniform_groups).lower()}",
         *args.set,
     ]  # fmt: skip
@@ -204,6 +204,7 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
         after = evaluate(addr, model, args, args.work / "eval_after")
     run([sys.executable, "plot.py", str(run_dir / "logs" / "tensorboard"), "--out", str(args.work / "curves.png")])
     warm_start = warm_start_record(model)
+    saved_step = keep_final_model(run_dir, args.work / "final_model") if args.save_every else None
     results = {
         "model": f"Qwen2 architecture, preset {args.preset}, from random weights",
         "device": device_name(args.device),
@@ -212,6 +213,7 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
         "grpo_seconds": round(grpo_seconds),
         "stopped_by_time_limit": stopped,
         "weight_version_evaluated": served,
+        "final_model_step": saved_step,
         "pass@1_before": pass_at_1(before),
         "pass@1_after": pass_at_1(after),
         "settings": {
@@ -221,6 +223,18 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
     }
     (args.work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, indent=2, default=str))
+
+
+def keep_final_model(run_dir: Path, dest: Path) -> int:
+    """Copy the trainer's last saved model to `dest`, the --init of a next call; its step.
+
+    AReaL's Saver saves after every saver.freq_steps-th step, so the last save is the final
+    step only when --grpo-steps is a multiple of --save-every (and no time limit cut it short).
+    """
+    saved = training.latest_checkpoint(run_dir, "countdown-learn")
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(saved, dest)
+    return int(saved.name.rsplit("globalstep", 1)[1]) + 1
 
 
 def steps_done(train_log: Path) -> int:
@@ -287,6 +301,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="evaluation (evaluate.py and in training)")
     parser.add_argument("--train-max-new-tokens", type=int, default=192, help="grpo: training samples")
     parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--save-every", type=int, default=0,
+                        help="grpo: save the model every N steps (AReaL's saver) and copy the last one "
+                        "to WORK/final_model, to go on from in a next call with --init; 0: no saves")
     parser.add_argument("--eval-seconds", type=int, default=0,
                         help="grpo: evaluate every N seconds instead of every --eval-every steps "
                         "(AReaL's evaluator.freq_secs: at the first step that ends N s after the last)")

@@ -41,11 +41,15 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     grpo = learning_run(
         "grpo", "--work", str(work), "--out", str(tmp_path / "out"), "--grpo-steps", "2",
         "--grpo-seconds", "0", "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24", "--train-max-new-tokens", "24",
-        "--eval-every", "1",
+        "--eval-every", "1", "--save-every", "2",
     )  # fmt: skip
     assert grpo.returncode == 0, grpo.stdout[-3000:] + grpo.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["grpo_steps"] == 2 and results["sft_seconds"] == record["sft_seconds"]
+    assert results["final_model_step"] == 2  # the last step's weights, ready for the next call's --init
+    trained = load_file(work / "final_model" / "model.safetensors")
+    assert {name: t.dtype for name, t in trained.items()} == {name: t.dtype for name, t in tuned.items()}
+    assert any(not tuned[name].equal(trained[name]) for name in tuned)  # GRPO changed the weights
     assert results["pass@1_before"] == record["pass@1"]  # greedy: same model, same server answers
     for phase in ("pass@1_before", "pass@1_after"):
         assert set(results[phase]) == {"all", "3 numbers", "4 numbers"}
