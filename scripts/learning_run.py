@@ -15,7 +15,9 @@ disk weight pushes to the server) until --grpo-seconds (520: what fits in a 10-m
 call) or --grpo-steps runs out, and measures pass@1 again on the same server, now holding
 the trained weights.
 The data is regenerated when missing (same seed, same files), so the two phases can run
-on different machines. Results, logs and the learning curve are copied to OUT.
+on different machines. Results, logs and the learning curve are copied to OUT. With
+--save-every, the trained model is kept in WORK/final_model, and a next call goes on from
+it with --init.
 
 `--device cpu --preset tiny` with small sizes rehearses the whole path on a laptop
 (tests/test_learning_run.py).
