@@ -191,12 +191,17 @@ def trainer_env(server_addr: str) -> dict[str, str]:
     return seam_env({"AREAL_SPMD_MODE": "1", "AREAL_LLM_SERVER_ADDRS": server_addr})
 
 
+def saved_global_step(folder: Path) -> int:
+    """The global step (from 0) of a folder the Saver wrote, epoch{E}epochstep{S}globalstep{G}."""
+    return int(folder.name.rsplit("globalstep", 1)[1])
+
+
 def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
     """The HF folder the Saver wrote last (highest global step)."""
     folders = list(fileroot.glob(f"checkpoints/*/{experiment}/*/default/epoch*globalstep*"))
     if not folders:
         raise FileNotFoundError(f"no saved model under {fileroot}/checkpoints/*/{experiment}")
-    return max(folders, key=lambda p: int(p.name.rsplit("globalstep", 1)[1]))
+    return max(folders, key=saved_global_step)
 
 
 def run_sft(fileroot: Path, overrides: list[str], log_path: Path) -> Path:

@@ -236,7 +236,7 @@ def keep_final_model(run_dir: Path, dest: Path) -> int:
     saved = training.latest_checkpoint(run_dir, "countdown-learn")
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(saved, dest)
-    return int(saved.name.rsplit("globalstep", 1)[1]) + 1
+    return training.saved_global_step(saved) + 1
 
 
 def steps_done(train_log: Path) -> int:
