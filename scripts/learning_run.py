@@ -227,14 +227,19 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
     print(json.dumps(results, indent=2, default=str))
 
 
-def keep_final_model(run_dir: Path, dest: Path) -> int:
-    """Copy the trainer's last saved model to `dest`, the --init of a next call; its step.
+def keep_final_model(run_dir: Path, dest: Path) -> int | None:
+    """Copy the trainer's last saved model to `dest`, the --init of a next call; its step
+    (None, and no `dest`, when the run ended before its first save).
 
     AReaL's Saver saves after every saver.freq_steps-th step, so the last save is the final
     step only when --grpo-steps is a multiple of --save-every (and no time limit cut it short).
     """
-    saved = training.latest_checkpoint(run_dir, "countdown-learn")
     shutil.rmtree(dest, ignore_errors=True)
+    try:
+        saved = training.latest_checkpoint(run_dir, "countdown-learn")
+    except FileNotFoundError as missing:
+        print(f"[learn] no model to go on from: {missing} (the run ended before step --save-every)", flush=True)
+        return None
     shutil.copytree(saved, dest)
     return training.saved_global_step(saved) + 1
 

@@ -63,11 +63,15 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     timed = learning_run(
         "grpo", "--work", str(work), "--out", str(tmp_path / "timed"), "--grpo-steps", "1000",
         "--grpo-seconds", "60", "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24",
-        "--train-max-new-tokens", "24", "--eval-every", "1000",
+        "--train-max-new-tokens", "24", "--eval-every", "1000", "--save-every", "1000",
     )  # fmt: skip
     assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
     results = json.loads((tmp_path / "timed" / "results.json").read_text())
     assert results["stopped_by_time_limit"] and results["grpo_steps"] < 1000
+    # Stopped before its first save: the results are kept, and the earlier call's model is not
+    # left behind as if it were this one's.
+    assert results["final_model_step"] is None and not (work / "final_model").exists()
+    assert "no model to go on from" in timed.stdout
     assert 60 <= results["grpo_seconds"] < 90
     pushed = int(results["weight_version_evaluated"])  # a push may land between log lines
     assert results["grpo_steps"] <= pushed <= results["grpo_steps"] + 1
