@@ -37,7 +37,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from reward_score import Step, Verdict, evaluate, judge, parse_expression, puzzle_problem
@@ -57,6 +57,8 @@ DEFAULT_OUT_DIR = "data/countdown/qwen"
 TRAIN_FILE, TEST_FILE = "train_e.jsonl", "test_e.jsonl"
 SUPPORTED_NUMBERS = (2, 6)  # how many numbers a puzzle may have
 MAX_MISSES = 200_000  # consecutive attempts without a new puzzle before giving up
+FAILED_VALUE_RANGE = (1, 999)  # a failed attempt's value: short enough to read back
+FAILED_ATTEMPT_DRAWS = 20  # random expressions drawn per failed attempt asked for
 
 # An expression tree node: (value,) for a number, (value, op, left, right) otherwise.
 Node = tuple
@@ -102,14 +104,55 @@ def batch_prompt_token_ids(tokenizer, conversations: list[list[dict]]) -> list[l
     return [[int(t) for t in ids] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def reference_completion(row: dict) -> str:
+def reference_completion(row: dict, failed: Sequence[str] = ()) -> str:
     """A completion in the exact target format, reasoning step by step through the
-    stored solution; for supervised warm-start and tokenizer training."""
-    solution, target = row["solution"], row["target"]
-    lines = [f"I need to make {target} from {', '.join(map(str, row['nums']))}, using each number once."]
-    lines += solution_steps(solution)
-    lines.append(f"So {solution} = {target}.")
-    return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
+    stored solution; for supervised warm-start and tokenizer training. `failed`
+    expressions are shown first, each worked out and rejected (`reference_segments`)."""
+    return "".join(text for text, _ in reference_segments(row, failed))
+
+
+def reference_segments(row: dict, failed: Sequence[str] = ()) -> list[tuple[str, bool]]:
+    """The reference completion as (text, learned) pieces.
+
+    Each failed attempt's steps are context only (learned False): a warm start should
+    not learn to write wrong arithmetic on purpose, only what follows one, the line that
+    checks its value against the target ("That makes 330, not 65.") and a new attempt.
+    Why show failures at all: a model that checks and retries turns several guesses into
+    one answer, and GRPO can then reward retrying (docs/results.md, the retry format).
+    """
+    target = row["target"]
+    pieces = [(f"<think>\nI need to make {target} from {', '.join(map(str, row['nums']))}, using each number once.\n", True)]
+    for attempt in failed:
+        steps = solution_steps(attempt)
+        pieces += [("\n".join(steps) + "\n", False), (f"That makes {steps[-1].split(' = ')[-1]}, not {target}.\n", True)]
+    solution = row["solution"]
+    pieces.append(("\n".join([*solution_steps(solution), f"So {solution} = {target}."]) + "\n</think>\n<answer>" + solution + "</answer>", True))
+    return _join_alike(pieces)
+
+
+def _join_alike(pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """Neighbouring pieces with the same flag as one: without failures, one piece."""
+    joined: list[tuple[str, bool]] = []
+    for text, learned in pieces:
+        if joined and joined[-1][1] == learned:
+            joined[-1] = (joined[-1][0] + text, learned)
+        else:
+            joined.append((text, learned))
+    return joined
+
+
+def failed_attempts(row: dict, count: int, rng: random.Random) -> list[str]:
+    """`count` random expressions that use each of the row's numbers once and miss its
+    target, for `reference_completion`; fewer in the rare puzzle where a bounded number
+    of draws finds no such expression."""
+    attempts: list[str] = []
+    for _ in range(FAILED_ATTEMPT_DRAWS * count):
+        if len(attempts) == count:
+            break
+        tree = _random_tree(rng, row["nums"], FAILED_VALUE_RANGE)
+        if tree is not None and tree[0] != row["target"]:
+            attempts.append(render(tree))
+    return attempts
 
 
 def solution_steps(solution: str) -> list[str]:

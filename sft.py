@@ -18,6 +18,7 @@ else, as at inference.
 
 from __future__ import annotations
 
+import random
 import sys
 from dataclasses import dataclass, field
 
@@ -36,16 +37,38 @@ from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig
 from areal.utils.hf_utils import load_hf_tokenizer
 
+MAX_FAILED_ATTEMPTS = 2
 
-def sft_examples(tokenizer, rows: list[dict]) -> list[dict[str, list[int]]]:
-    """Prompt (chat template, as in training) + reference completion + EOS; loss on the latter."""
+
+def sft_examples(tokenizer, rows: list[dict], retry_probability: float = 0.0, seed: int = 0) -> list[dict[str, list[int]]]:
+    """Prompt (chat template, as in training) + reference completion + EOS; loss on the latter,
+    except on the failed attempts that `retry_probability` puts before some solutions."""
+    rng = random.Random(seed)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
-    completions = tokenizer([countdown.reference_completion(row) for row in rows], add_special_tokens=False)
+    completions = [
+        countdown.reference_segments(row, countdown.failed_attempts(row, failed_count(rng, retry_probability), rng))
+        for row in rows
+    ]
+    texts = [text for pieces in completions for text, _ in pieces]
+    token_ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])
     examples = []
-    for prompt, completion in zip(prompts, completions["input_ids"]):
-        completion = [*completion, tokenizer.eos_token_id]
-        examples.append({"input_ids": prompt + completion, "loss_mask": [0] * len(prompt) + [1] * len(completion)})
+    for prompt, pieces in zip(prompts, completions):
+        input_ids, loss_mask = list(prompt), [0] * len(prompt)
+        for _, learned in pieces:
+            ids = list(next(token_ids))
+            input_ids += ids
+            loss_mask += [int(learned)] * len(ids)
+        examples.append({"input_ids": [*input_ids, tokenizer.eos_token_id], "loss_mask": [*loss_mask, 1]})
     return examples
+
+
+def failed_count(rng: random.Random, retry_probability: float) -> int:
+    """How many failed attempts an example shows: one more with `retry_probability` each
+    time, up to MAX_FAILED_ATTEMPTS (so that the longest completion fits in 256 tokens)."""
+    count = 0
+    while count < MAX_FAILED_ATTEMPTS and retry_probability > 0 and rng.random() < retry_probability:
+        count += 1
+    return count
 
 
 def pack_examples(examples: list[dict[str, list[int]]], per_row: int) -> list[dict[str, list[int]]]:
@@ -59,6 +82,10 @@ def pack_examples(examples: list[dict[str, list[int]]], per_row: int) -> list[di
 @dataclass
 class WarmStartConfig(SFTConfig):
     examples_per_row: int = field(default=1, metadata={"help": "examples concatenated into one training row"})
+    retry_probability: float = field(
+        default=0.0,
+        metadata={"help": "chance that a reference reasoning shows one more failed attempt before the solution"},
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -69,7 +96,7 @@ def main(argv: list[str]) -> None:
     except countdown.DataError as e:
         preflight.exit_bad_input("sft.py", e)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
-    examples = sft_examples(tokenizer, rows)
+    examples = sft_examples(tokenizer, rows, config.retry_probability, config.seed)
     train_set = Dataset.from_list(pack_examples(examples, config.examples_per_row))
     with SFTTrainer(config, train_dataset=train_set) as trainer:
         trainer.train()

@@ -75,6 +75,7 @@ def sft_phase(args: argparse.Namespace) -> None:
         f"total_train_epochs={args.sft_epochs}", f"examples_per_row={args.sft_pack}",
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
+        f"retry_probability={args.sft_retry}",
     ]  # fmt: skip
     start = time.time()
     print(f"[learn {start - START:.0f} s] sft.py, log {args.work / 'sft.log'}", flush=True)
@@ -295,6 +296,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sft-batch", type=int, default=512, help="examples per SFT step")
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
+    parser.add_argument("--sft-retry", type=float, default=0.0,
+                        help="sft: chance of one more failed attempt before a reference solution "
+                        "(sft.py's retry_probability; the retry format of docs/results.md)")
     parser.add_argument("--grpo-steps", type=int, default=1000, help="grpo: at most this many steps")
     parser.add_argument("--grpo-seconds", type=float, default=520,
                         help="grpo: stop training after this long, then evaluate the weights the "

@@ -3,6 +3,7 @@ evaluator), deduplicated, leak-free and deterministic; files and CLI fail cleanl
 
 import ast
 import json
+import random
 import subprocess
 import sys
 from fractions import Fraction
@@ -85,6 +86,37 @@ def test_reference_completion_scores_full_marks():
     for invalid in ("1 ** 2", "1 / (2 - 2)"):  # what the reward calls an invalid expression
         with pytest.raises(ValueError, match="not a valid Countdown expression"):
             countdown.solution_steps(invalid)
+
+
+def test_failed_attempts_use_every_number_once_and_miss_the_target():
+    rng = random.Random(0)
+    for row in generate_puzzles(300, seed=4, min_numbers=2, max_numbers=5):
+        attempts = countdown.failed_attempts(row, 2, rng)
+        assert len(attempts) == 2
+        for attempt in attempts:
+            value = Fraction(countdown.solution_steps(attempt)[-1].split(" = ")[-1])
+            lo, hi = countdown.FAILED_VALUE_RANGE
+            assert value != row["target"] and lo <= value <= hi
+            assert compute_score(f"<think>x</think><answer>{attempt}</answer>", row) < 1.0
+            check_solution(row["nums"], int(value), attempt)
+    # A puzzle whose every expression hits the target has no failed attempt to show.
+    assert countdown.failed_attempts({"nums": [999, 999], "target": 1}, 1, rng) == []
+
+
+def test_retry_format_shows_each_failure_rejected_then_the_solution():
+    row = make_row([90, 4, 3], 78, "90 - 4 * 3")
+    pieces = countdown.reference_segments(row, ["4 - 3 + 90", "90 / (4 - 3)"])
+    assert pieces == [
+        ("<think>\nI need to make 78 from 90, 4, 3, using each number once.\n", True),
+        ("4 - 3 = 1\n1 + 90 = 91\n", False),
+        ("That makes 91, not 78.\n", True),
+        ("4 - 3 = 1\n90 / 1 = 90\n", False),
+        ("That makes 90, not 78.\n4 * 3 = 12\n90 - 12 = 78\nSo 90 - 4 * 3 = 78.\n</think>\n<answer>90 - 4 * 3</answer>", True),
+    ]
+    completion = countdown.reference_completion(row, ["4 - 3 + 90", "90 / (4 - 3)"])
+    assert completion == "".join(text for text, _ in pieces) and compute_score(completion, row) == 1.0
+    # Without failures: one learned piece, the plain reference completion.
+    assert countdown.reference_segments(row) == [(countdown.reference_completion(row), True)]
 
 
 # -----------------------------------------------------------------------------

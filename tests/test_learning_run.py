@@ -5,6 +5,7 @@ experiment of docs/results.md does not fail on a path that was never run."""
 import argparse
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+
+import countdown
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "16",
@@ -93,6 +96,43 @@ def test_sft_rows_pack_whole_examples_in_order():
     assert [t for row in rows for t in row["input_ids"]] == [t for e in examples for t in e["input_ids"]]
     assert [t for row in rows for t in row["loss_mask"]] == [t for e in examples for t in e["loss_mask"]]
     assert all(len(row["input_ids"]) == len(row["loss_mask"]) for row in rows)
+
+
+def test_sft_examples_learn_the_rejections_but_not_the_failed_arithmetic(tiny_model_dir):
+    """The retry format: failed attempts are in the context, with no loss on their steps."""
+    import sft
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = countdown.generate_puzzles(200, seed=5)
+    plain = sft.sft_examples(tokenizer, rows)
+    retry = sft.sft_examples(tokenizer, rows, retry_probability=0.5, seed=1)
+    assert retry == sft.sft_examples(tokenizer, rows, retry_probability=0.5, seed=1)  # seeded
+    prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
+    shown = []
+    for example, plain_example, prompt in zip(retry, plain, prompts):
+        ids, mask = example["input_ids"], example["loss_mask"]
+        assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+        completion = tokenizer.decode(ids[len(prompt) :])
+        shown.append(completion.count("That makes"))
+        learned = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+        assert learned == without_failed_steps(completion)
+        if shown[-1] == 0:
+            assert example == plain_example  # the plain reference completion
+    assert set(shown) == {0, 1, 2} and 0.35 < shown.count(0) / len(rows) < 0.65  # P(0) = 1 - 0.5
+
+
+def without_failed_steps(completion: str) -> str:
+    """The completion less the step lines that a "That makes V, not T." line rejects."""
+    kept, pending = [], []
+    for line in completion.split("\n"):
+        if re.fullmatch(r"\d+ [-+*/] \d+ = \d+", line):
+            pending.append(line)
+            continue
+        kept += [] if line.startswith("That makes") else pending
+        pending = []
+        kept.append(line)
+    return "\n".join(kept + pending)
 
 
 def load_learning_run():
