@@ -106,39 +106,20 @@ def batch_prompt_token_ids(tokenizer, conversations: list[list[dict]]) -> list[l
 
 def reference_completion(row: dict, failed: Sequence[str] = ()) -> str:
     """A completion in the exact target format, reasoning step by step through the
-    stored solution; for supervised warm-start and tokenizer training. `failed`
-    expressions are shown first, each worked out and rejected (`reference_segments`)."""
-    return "".join(text for text, _ in reference_segments(row, failed))
+    stored solution; for supervised warm-start and tokenizer training.
 
-
-def reference_segments(row: dict, failed: Sequence[str] = ()) -> list[tuple[str, bool]]:
-    """The reference completion as (text, learned) pieces.
-
-    Each failed attempt's steps are context only (learned False): a warm start should
-    not learn to write wrong arithmetic on purpose, only what follows one, the line that
-    checks its value against the target ("That makes 330, not 65.") and a new attempt.
-    Why show failures at all: a model that checks and retries turns several guesses into
-    one answer, and GRPO can then reward retrying (docs/results.md, the retry format).
+    `failed` expressions are worked out first, each rejected by a line that checks its
+    value against the target ("That makes 330, not 65."), the retry format: a model that
+    checks and tries again turns several guesses into one answer (docs/results.md).
     """
     target = row["target"]
-    pieces = [(f"<think>\nI need to make {target} from {', '.join(map(str, row['nums']))}, using each number once.\n", True)]
+    lines = [f"I need to make {target} from {', '.join(map(str, row['nums']))}, using each number once."]
     for attempt in failed:
         steps = solution_steps(attempt)
-        pieces += [("\n".join(steps) + "\n", False), (f"That makes {steps[-1].split(' = ')[-1]}, not {target}.\n", True)]
+        lines += [*steps, f"That makes {steps[-1].split(' = ')[-1]}, not {target}."]
     solution = row["solution"]
-    pieces.append(("\n".join([*solution_steps(solution), f"So {solution} = {target}."]) + "\n</think>\n<answer>" + solution + "</answer>", True))
-    return _join_alike(pieces)
-
-
-def _join_alike(pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
-    """Neighbouring pieces with the same flag as one: without failures, one piece."""
-    joined: list[tuple[str, bool]] = []
-    for text, learned in pieces:
-        if joined and joined[-1][1] == learned:
-            joined[-1] = (joined[-1][0] + text, learned)
-        else:
-            joined.append((text, learned))
-    return joined
+    lines += [*solution_steps(solution), f"So {solution} = {target}."]
+    return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
 
 
 def failed_attempts(row: dict, count: int, rng: random.Random) -> list[str]:

@@ -7,7 +7,8 @@ Each puzzle's prompt is built by `countdown.prompt_token_ids`, the function trai
 uses, and each completion is decoded and scored exactly as in train.py (reward_score).
 The report gives, overall and by number count: pass@1 (mean success over all samples),
 pass@k (the unbiased estimator of Chen et al. 2021 over `--n` samples per puzzle),
-format rate, mean completion length, truncation rate and failures by kind. It is
+format rate, mean completion length, truncation rate, exact steps (the share of the
+reasoning's `a op b = v` lines whose arithmetic is right) and failures by kind. It is
 printed as a Markdown table and, with `--out-dir`, written to eval.json, eval.md and
 failures.jsonl (a few failed completions of each kind, for a person to read).
 
@@ -29,11 +30,13 @@ import importlib.util
 import json
 import math
 import random
+import re
 import sys
 import time
 import zlib
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from pathlib import Path
 
 if __name__ == "__main__":  # the wrong Python costs one line, not a traceback
@@ -51,6 +54,8 @@ DEFAULT_DATA = f"{countdown.DEFAULT_OUT_DIR}/{countdown.TEST_FILE}"
 FAILED_REQUEST = "failed_request"  # the verdict of a sample whose request never succeeded
 FAILURE_KINDS = [v.value for v in Verdict if v is not Verdict.CORRECT] + [FAILED_REQUEST]
 BACKOFF_S = 1.0  # wait before the first retry; doubled before each further one
+_NUMBER = r"\d{1,9}(?:/\d{1,9})?"  # as countdown.solution_steps writes them; bounded, so exact math stays cheap
+STEP_LINE = re.compile(rf"^({_NUMBER}) ([-+*/]) ({_NUMBER}) = ({_NUMBER})$", re.MULTILINE)
 
 
 class EvalError(Exception):
@@ -74,6 +79,8 @@ class Sample:
     completion_tokens: int = 0
     finish_reason: str | None = None  # "stop" or "length"
     format_ok: bool = False
+    steps_written: int = 0  # `a op b = v` lines in the reasoning
+    steps_right: int = 0  # ... whose arithmetic is right
     error: str | None = None  # why the request failed
 
 
@@ -95,6 +102,7 @@ def sampling_seed(seed: int, puzzle: int, sample: int) -> int:
 
 def score(row: dict, puzzle: int, sample: int, completion: str, completion_tokens: int,
           finish_reason: str) -> Sample:
+    right, written = worked_steps(completion)
     return Sample(
         puzzle=puzzle,
         sample=sample,
@@ -105,7 +113,30 @@ def score(row: dict, puzzle: int, sample: int, completion: str, completion_token
         completion_tokens=completion_tokens,
         finish_reason=finish_reason,
         format_ok=has_think_answer_format(completion),
+        steps_written=written,
+        steps_right=right,
     )
+
+
+def worked_steps(completion: str) -> tuple[int, int]:
+    """(right, written): the reasoning's step lines (`12 + 7 = 19`, as in the reference
+    completions) and how many of them compute correctly.
+
+    Why: a small model can learn to write steps that land on the target with sums that
+    are wrong; pass@1 does not tell whether its reasoning computes or only looks as if it
+    did (docs/results.md, the retry format).
+    """
+    right = written = 0
+    for a, op, b, value in STEP_LINE.findall(completion.split("</think>", 1)[0]):
+        written += 1
+        right += apply_operator(Fraction(a), op, Fraction(b)) == Fraction(value)
+    return right, written
+
+
+def apply_operator(a: Fraction, op: str, b: Fraction) -> Fraction | None:
+    if op == "/":
+        return a / b if b else None
+    return a + b if op == "+" else a - b if op == "-" else a * b
 
 
 def failed(row: dict, puzzle: int, sample: int, error: str) -> Sample:
@@ -144,6 +175,8 @@ def group_metrics(samples: list[Sample], ks: list[int]) -> dict:
     metrics["format_rate"] = _mean([float(s.format_ok) for s in answered])
     metrics["mean_completion_tokens"] = _mean([float(s.completion_tokens) for s in answered])
     metrics["truncation_rate"] = _mean([float(s.finish_reason == "length") for s in answered])
+    written = sum(s.steps_written for s in answered)
+    metrics["exact_step_rate"] = sum(s.steps_right for s in answered) / written if written else None
     metrics["failures"] = {kind: kinds[kind] for kind in FAILURE_KINDS}
     return metrics
 
@@ -177,13 +210,13 @@ def _pct(x: float | None) -> str:
 
 def markdown_table(summary: dict, ks: list[int]) -> str:
     header = ["numbers", "puzzles", "samples", *(f"pass@{k}" for k in ks), "format", "mean tokens",
-              "truncated", *(kind.replace("_", " ") for kind in FAILURE_KINDS)]
+              "truncated", "exact steps", *(kind.replace("_", " ") for kind in FAILURE_KINDS)]
     groups = [*summary["by_num_count"].items(), ("all", summary["overall"])]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, m in groups:
         tokens = "n/a" if m["mean_completion_tokens"] is None else f"{m['mean_completion_tokens']:.1f}"
         cells = [name, m["puzzles"], m["samples"], *(_pct(m[f"pass@{k}"]) for k in ks),
-                 _pct(m["format_rate"]), tokens, _pct(m["truncation_rate"]),
+                 _pct(m["format_rate"]), tokens, _pct(m["truncation_rate"]), _pct(m["exact_step_rate"]),
                  *(m["failures"][kind] for kind in FAILURE_KINDS)]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
@@ -204,8 +237,9 @@ def markdown_report(summary: dict, config: dict) -> str:
         "",
         "pass@k: unbiased estimator over the samples of each puzzle, averaged over puzzles "
         "(pass@1 is the mean success over all samples). format: `<think>...</think>` then "
-        "`<answer>...</answer>`. format, mean tokens and truncated (hit max_new_tokens) are over "
-        "answered samples.",
+        "`<answer>...</answer>`. exact steps: the reasoning's `a op b = v` lines whose arithmetic "
+        "is right, out of all such lines. format, mean tokens, truncated (hit max_new_tokens) and "
+        "exact steps are over answered samples.",
     ]
     n_failed = summary["overall"]["failures"][FAILED_REQUEST]
     if n_failed:

@@ -41,24 +41,23 @@ MAX_FAILED_ATTEMPTS = 2
 
 
 def sft_examples(tokenizer, rows: list[dict], retry_probability: float = 0.0, seed: int = 0) -> list[dict[str, list[int]]]:
-    """Prompt (chat template, as in training) + reference completion + EOS; loss on the latter,
-    except on the failed attempts that `retry_probability` puts before some solutions."""
+    """Prompt (chat template, as in training) + reference completion + EOS; loss on the latter.
+
+    With `retry_probability`, some completions show failed attempts before the solution.
+    They are learned too: a model trained only on steps that end at the target learns to
+    fake the last step's arithmetic rather than to check it (docs/results.md, the retry format).
+    """
     rng = random.Random(seed)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
-    completions = [
-        countdown.reference_segments(row, countdown.failed_attempts(row, failed_count(rng, retry_probability), rng))
+    texts = [
+        countdown.reference_completion(row, countdown.failed_attempts(row, failed_count(rng, retry_probability), rng))
         for row in rows
     ]
-    texts = [text for pieces in completions for text, _ in pieces]
-    token_ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])
+    completions = tokenizer(texts, add_special_tokens=False)
     examples = []
-    for prompt, pieces in zip(prompts, completions):
-        input_ids, loss_mask = list(prompt), [0] * len(prompt)
-        for _, learned in pieces:
-            ids = list(next(token_ids))
-            input_ids += ids
-            loss_mask += [int(learned)] * len(ids)
-        examples.append({"input_ids": [*input_ids, tokenizer.eos_token_id], "loss_mask": [*loss_mask, 1]})
+    for prompt, completion in zip(prompts, completions["input_ids"]):
+        completion = [*completion, tokenizer.eos_token_id]
+        examples.append({"input_ids": prompt + completion, "loss_mask": [0] * len(prompt) + [1] * len(completion)})
     return examples
 
 

@@ -105,18 +105,14 @@ def test_failed_attempts_use_every_number_once_and_miss_the_target():
 
 def test_retry_format_shows_each_failure_rejected_then_the_solution():
     row = make_row([90, 4, 3], 78, "90 - 4 * 3")
-    pieces = countdown.reference_segments(row, ["4 - 3 + 90", "90 / (4 - 3)"])
-    assert pieces == [
-        ("<think>\nI need to make 78 from 90, 4, 3, using each number once.\n", True),
-        ("4 - 3 = 1\n1 + 90 = 91\n", False),
-        ("That makes 91, not 78.\n", True),
-        ("4 - 3 = 1\n90 / 1 = 90\n", False),
-        ("That makes 90, not 78.\n4 * 3 = 12\n90 - 12 = 78\nSo 90 - 4 * 3 = 78.\n</think>\n<answer>90 - 4 * 3</answer>", True),
-    ]
     completion = countdown.reference_completion(row, ["4 - 3 + 90", "90 / (4 - 3)"])
-    assert completion == "".join(text for text, _ in pieces) and compute_score(completion, row) == 1.0
-    # Without failures: one learned piece, the plain reference completion.
-    assert countdown.reference_segments(row) == [(countdown.reference_completion(row), True)]
+    assert completion == (
+        "<think>\nI need to make 78 from 90, 4, 3, using each number once.\n"
+        "4 - 3 = 1\n1 + 90 = 91\nThat makes 91, not 78.\n"
+        "4 - 3 = 1\n90 / 1 = 90\nThat makes 90, not 78.\n"
+        "4 * 3 = 12\n90 - 12 = 78\nSo 90 - 4 * 3 = 78.\n</think>\n<answer>90 - 4 * 3</answer>"
+    )
+    assert compute_score(completion, row) == 1.0
 
 
 # -----------------------------------------------------------------------------

@@ -16,11 +16,11 @@ from aiohttp import web
 import countdown
 import evaluate
 from dev_server.client import find_free_port, serve
-from evaluate import FAILED_REQUEST, Sample, group_metrics, pass_at_k, summarize
+from evaluate import FAILED_REQUEST, Sample, group_metrics, pass_at_k, summarize, worked_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_KEYS = {"puzzles", "samples", "pass@1", "format_rate", "mean_completion_tokens",
-               "truncation_rate", "failures"}
+               "truncation_rate", "exact_step_rate", "failures"}
 
 
 # -----------------------------------------------------------------------------
@@ -44,19 +44,21 @@ def test_pass_at_k_rejects_impossible_arguments():
             pass_at_k(n, c, k)
 
 
-def _sample(puzzle, nums, verdict, tokens=10, reason="stop", format_ok=True, sample=0):
+def _sample(puzzle, nums, verdict, tokens=10, reason="stop", format_ok=True, sample=0, steps=(0, 0)):
     if verdict == FAILED_REQUEST:
-        return Sample(puzzle=puzzle, sample=sample, nums=nums, target=10, verdict=verdict, error="HTTP 500")
+        return Sample(puzzle=puzzle, sample=sample, nums=nums, target=10, verdict=verdict, error="HTTP 500",
+                      steps_right=5, steps_written=5)  # never counted: no completion
     return Sample(puzzle=puzzle, sample=sample, nums=nums, target=10, verdict=verdict, completion="...",
-                  completion_tokens=tokens, finish_reason=reason, format_ok=format_ok)
+                  completion_tokens=tokens, finish_reason=reason, format_ok=format_ok,
+                  steps_right=steps[0], steps_written=steps[1])
 
 
 def test_summarize_groups_by_number_count():
     three, four = [1, 2, 3], [1, 2, 3, 4]
     samples = [
         # puzzle 0 (3 numbers): 1 of 2 correct
-        _sample(0, three, "correct", tokens=10),
-        _sample(0, three, "wrong_value", tokens=30, reason="length", format_ok=False),
+        _sample(0, three, "correct", tokens=10, steps=(2, 2)),
+        _sample(0, three, "wrong_value", tokens=30, reason="length", format_ok=False, steps=(1, 4)),
         # puzzle 1 (3 numbers): none correct, one request failed
         _sample(1, three, "no_answer", tokens=20, format_ok=False),
         _sample(1, three, FAILED_REQUEST),
@@ -78,6 +80,8 @@ def test_summarize_groups_by_number_count():
     assert g3["format_rate"] == pytest.approx(1 / 3)
     assert g3["truncation_rate"] == pytest.approx(1 / 3)
     assert g3["mean_completion_tokens"] == pytest.approx(20.0)
+    assert g3["exact_step_rate"] == pytest.approx(3 / 6)  # pooled over steps, not per sample
+    assert g4["exact_step_rate"] is None  # no step lines at all
     assert g3["failures"] == {"no_answer": 1, "invalid_expression": 0, "wrong_numbers": 0,
                               "wrong_value": 1, "failed_request": 1}
     assert overall["failures"]["failed_request"] == 1
@@ -86,8 +90,23 @@ def test_summarize_groups_by_number_count():
 def test_group_with_only_failed_requests_has_no_rates():
     m = group_metrics([_sample(0, [1, 2, 3], FAILED_REQUEST)], [1])
     assert m["pass@1"] == 0.0
-    assert m["format_rate"] is m["mean_completion_tokens"] is m["truncation_rate"] is None
+    assert m["format_rate"] is m["mean_completion_tokens"] is m["truncation_rate"] is m["exact_step_rate"] is None
     assert "n/a" in evaluate.markdown_table({"overall": m, "by_num_count": {}}, [1])
+
+
+def test_worked_steps_checks_the_arithmetic_of_each_step_line():
+    reasoning = "<think>\nI need to make 24 from 8, 3, 3.\n91 - 25 = 65\n3 - 8/3 = 1/3\n8 / 1/3 = 24\n9 / 0 = 1\n7 * 6 = 42\n</think>\n"
+    assert worked_steps(reasoning + "<answer>1 + 2 = 3</answer>") == (3, 5)  # the answer's text is not a step
+    assert worked_steps("12 + 7 = 19") == (1, 1)  # no </think>: the whole completion is reasoning
+    for text in ["", "<think></think>", "1 + 2 = 3 = 3", " 1 + 2 = 3", "-1 + 2 = 1", "1 ** 2 = 1", "x + 2 = 3"]:
+        assert worked_steps(text) == (0, 0), text
+
+
+@pytest.mark.parametrize("text", ["9" * 200_000, ("12345 * 67890 = 838102050\n" * 20_000), "1/" * 50_000 + "1 + 1 = 2",
+                                  "99999999999 * 99999999999 = 1\n" * 1000, "\x00\n" * 100_000])
+def test_worked_steps_is_bounded_on_hostile_text(text):
+    right, written = worked_steps(text)
+    assert 0 <= right <= written <= text.count("\n") + 1
 
 
 def test_select_puzzles_depends_only_on_seed():

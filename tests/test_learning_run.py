@@ -98,8 +98,7 @@ def test_sft_rows_pack_whole_examples_in_order():
     assert all(len(row["input_ids"]) == len(row["loss_mask"]) for row in rows)
 
 
-def test_sft_examples_learn_the_rejections_but_not_the_failed_arithmetic(tiny_model_dir):
-    """The retry format: failed attempts are in the context, with no loss on their steps."""
+def test_sft_examples_show_failed_attempts_with_the_retry_probability(tiny_model_dir):
     import sft
     from transformers import AutoTokenizer
 
@@ -110,28 +109,28 @@ def test_sft_examples_learn_the_rejections_but_not_the_failed_arithmetic(tiny_mo
     assert retry == sft.sft_examples(tokenizer, rows, retry_probability=0.5, seed=1)  # seeded
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
     shown = []
-    for example, plain_example, prompt in zip(retry, plain, prompts):
+    for row, example, plain_example, prompt in zip(rows, retry, plain, prompts):
         ids, mask = example["input_ids"], example["loss_mask"]
-        assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
-        completion = tokenizer.decode(ids[len(prompt) :])
+        assert ids[: len(prompt)] == prompt and mask == [0] * len(prompt) + [1] * (len(ids) - len(prompt))
+        completion = tokenizer.decode(ids[len(prompt) : -1])
+        assert ids[-1] == tokenizer.eos_token_id and countdown.reference_completion(row) == without_failures(completion)
         shown.append(completion.count("That makes"))
-        learned = tokenizer.decode([t for t, m in zip(ids, mask) if m])
-        assert learned == without_failed_steps(completion)
-        if shown[-1] == 0:
-            assert example == plain_example  # the plain reference completion
-    assert set(shown) == {0, 1, 2} and 0.35 < shown.count(0) / len(rows) < 0.65  # P(0) = 1 - 0.5
+        assert (shown[-1] == 0) == (example == plain_example)
+    # One more failure with probability 0.5, at most sft.MAX_FAILED_ATTEMPTS: 1/2, 1/4, 1/4.
+    assert set(shown) == {0, 1, 2} and 0.35 < shown.count(0) / len(rows) < 0.65
 
 
-def without_failed_steps(completion: str) -> str:
-    """The completion less the step lines that a "That makes V, not T." line rejects."""
+def without_failures(completion: str) -> str:
+    """The completion less each failed attempt: the step lines a "That makes V, not T." line rejects."""
     kept, pending = [], []
     for line in completion.split("\n"):
         if re.fullmatch(r"\d+ [-+*/] \d+ = \d+", line):
             pending.append(line)
-            continue
-        kept += [] if line.startswith("That makes") else pending
-        pending = []
-        kept.append(line)
+        elif line.startswith("That makes"):
+            pending = []
+        else:
+            kept += [*pending, line]
+            pending = []
     return "\n".join(kept + pending)
 
 
