@@ -90,6 +90,8 @@ class WarmStartConfig(SFTConfig):
 def main(argv: list[str]) -> None:
     areal_patches.install(weight_push=False, fast_step=False)  # no rollouts; SFTTrainer's LM engine
     config, _ = config_errors.load_config(argv, WarmStartConfig, "sft.py")
+    if not 0 <= config.retry_probability <= 1:
+        preflight.exit_bad_input("sft.py", f"retry_probability={config.retry_probability}: give a probability from 0 to 1")
     try:
         rows = countdown.load_puzzles(config.train_dataset.path)
     except countdown.DataError as e:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import countdown
+
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = "/no/such/dir/test_e.jsonl"
 
@@ -26,3 +28,12 @@ def test_bad_input_is_one_line_and_exit_status_2(command, expected, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_sft_retry_probability_outside_0_to_1_is_one_line(tmp_path):
+    data = tmp_path / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(4, seed=0))])
+    command = ["sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}", "retry_probability=1.5"]
+    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == "sft.py: retry_probability=1.5: give a probability from 0 to 1"
