@@ -48,7 +48,7 @@ import aiohttp
 
 import countdown
 from dev_server.client import DevServer
-from reward_score import Verdict, has_think_answer_format, judge
+from reward_score import Verdict, apply_operator, has_think_answer_format, judge
 
 DEFAULT_DATA = f"{countdown.DEFAULT_OUT_DIR}/{countdown.TEST_FILE}"
 FAILED_REQUEST = "failed_request"  # the verdict of a sample whose request never succeeded
@@ -131,12 +131,6 @@ def worked_steps(completion: str) -> tuple[int, int]:
         written += 1
         right += apply_operator(Fraction(a), op, Fraction(b)) == Fraction(value)
     return right, written
-
-
-def apply_operator(a: Fraction, op: str, b: Fraction) -> Fraction | None:
-    if op == "/":
-        return a / b if b else None
-    return a + b if op == "+" else a - b if op == "-" else a * b
 
 
 def failed(row: dict, puzzle: int, sample: int, error: str) -> Sample:

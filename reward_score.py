@@ -229,20 +229,26 @@ def evaluate(postfix: list[str], steps: list[Step] | None = None) -> int | Fract
             continue
         b = stack.pop()
         a = stack.pop()
-        if token == "+":
-            value = a + b
-        elif token == "-":
-            value = a - b
-        elif token == "*":
-            value = a * b
-        elif b == 0:
+        value = apply_operator(a, token, b)
+        if value is None:
             return None
-        else:
-            value = a // b if a % b == 0 else Fraction(a) / b
         stack.append(value)
         if steps is not None:
             steps.append((a, token, b, value))
     return stack[0]
+
+
+def apply_operator(a: int | Fraction, op: str, b: int | Fraction) -> int | Fraction | None:
+    """`a op b` exactly, or None on division by zero; an exact division stays an int."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if b == 0:
+        return None
+    return a // b if a % b == 0 else Fraction(a) / b
 
 
 def puzzle_problem(nums: object, target: object) -> str | None:

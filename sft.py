@@ -65,7 +65,7 @@ def failed_count(rng: random.Random, retry_probability: float) -> int:
     """How many failed attempts an example shows: one more with `retry_probability` each
     time, up to MAX_FAILED_ATTEMPTS (so that the longest completion fits in 256 tokens)."""
     count = 0
-    while count < MAX_FAILED_ATTEMPTS and retry_probability > 0 and rng.random() < retry_probability:
+    while count < MAX_FAILED_ATTEMPTS and rng.random() < retry_probability:
         count += 1
     return count
 
