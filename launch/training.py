@@ -214,8 +214,10 @@ def run_sft(fileroot: Path, overrides: list[str], log_path: Path) -> Path:
     return latest_checkpoint(fileroot, "countdown-sft")
 
 
+OWN_MESSAGES = ("train.py: ", "sft.py: ")  # the commands' one-line errors (README, "Exit codes")
 PROGRESS = re.compile(
-    r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|dev_server\[\d+\] INFO serving on|^train\.py: "
+    r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|dev_server\[\d+\] INFO serving on|"
+    + "|".join("^" + re.escape(prefix) for prefix in OWN_MESSAGES)
 )
 
 
@@ -228,11 +230,11 @@ def plain(line: str) -> str:
 
 
 def echo_progress(line: str) -> None:
-    """Show a run's log line if it marks progress or trouble: train.py's own messages whole,
-    others' last 160 characters; in colour only on a terminal."""
+    """Show a run's log line if it marks progress or trouble: train.py's and sft.py's own
+    messages whole, others' last 160 characters; in colour only on a terminal."""
     if PROGRESS.search(plain(line)):
         line = (line if sys.stdout.isatty() else plain(line)).strip()
-        print(f"[train] {line if plain(line).startswith('train.py: ') else line[-160:]}", flush=True)
+        print(f"[train] {line if plain(line).startswith(OWN_MESSAGES) else line[-160:]}", flush=True)
 
 
 def run_trainer(

@@ -96,3 +96,15 @@ def test_latest_checkpoint_is_the_highest_global_step_not_the_newest_or_last_nam
     assert training.latest_checkpoint(tmp_path, "countdown-sft").name == "epoch0epochstep10globalstep10"
     with pytest.raises(FileNotFoundError):
         training.latest_checkpoint(tmp_path, "countdown-grpo")
+
+
+def test_the_trainers_own_error_lines_are_echoed_whole(capsys):
+    """A bad-input line of train.py or sft.py is the first real error: shown whole, not cut to 160."""
+    why = "x" * 300
+    for line in [f"train.py: {why}\n", f"sft.py: retry_probability=2.0: {why}\n"]:
+        training.echo_progress(line)
+        assert capsys.readouterr().out == f"[train] {line}"
+    training.echo_progress("some other Error " + why + "\n")
+    assert capsys.readouterr().out == f"[train] {('some other Error ' + why)[-160:]}\n"
+    training.echo_progress("an ordinary line\n")
+    assert capsys.readouterr().out == ""
