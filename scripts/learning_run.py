@@ -76,6 +76,7 @@ def sft_phase(args: argparse.Namespace) -> None:
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
         f"retry_probability={args.sft_retry}",
+        *args.sft_set,
     ]  # fmt: skip
     start = time.time()
     print(f"[learn {start - START:.0f} s] sft.py, log {args.work / 'sft.log'}", flush=True)
@@ -88,7 +89,8 @@ def sft_phase(args: argparse.Namespace) -> None:
         report = evaluate(addr, warm_start, args, args.work / "eval_warm_start")
     record = {
         "sft_seconds": round(seconds), "device": device_name(args.device),
-        "pass@1": pass_at_1(report), "settings": settings(args),
+        "pass@1": pass_at_1(report), "exact_steps": report["overall"]["exact_step_rate"],
+        "settings": settings(args),
     }  # fmt: skip
     (warm_start / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"[learn] warm-started model: {warm_start} ({seconds:.0f} s of SFT)")
@@ -299,6 +301,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sft-retry", type=float, default=0.0,
                         help="sft: chance of one more failed attempt before a reference solution "
                         "(sft.py's retry_probability; the retry format of docs/results.md)")
+    parser.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="sft: extra sft.py override, e.g. actor.mb_spec.max_tokens_per_mb=262144 (repeatable)")
     parser.add_argument("--grpo-steps", type=int, default=1000, help="grpo: at most this many steps")
     parser.add_argument("--grpo-seconds", type=float, default=520,
                         help="grpo: stop training after this long, then evaluate the weights the "

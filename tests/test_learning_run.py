@@ -29,12 +29,17 @@ def learning_run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(600)
 def test_sft_then_grpo_on_cpu(tmp_path):
     work = tmp_path / "work"
-    sft = learning_run("sft", "--work", str(work), "--sft-epochs", "1", "--sft-batch", "64", "--sft-pack", "4")
+    sft = learning_run("sft", "--work", str(work), "--sft-epochs", "1", "--sft-batch", "64", "--sft-pack", "4",
+                       "--sft-set", "actor.mb_spec.max_tokens_per_mb=4096")  # fmt: skip
     assert sft.returncode == 0, sft.stdout[-3000:] + sft.stderr[-3000:]
     warm_start = work / "warm_start"
     record = json.loads((warm_start / "warm_start.json").read_text())
     assert record["settings"]["sft_epochs"] == 1 and record["sft_seconds"] > 0
     assert set(record["pass@1"]) == {"all", "3 numbers", "4 numbers"}
+    assert record["exact_steps"] is None or 0.0 <= record["exact_steps"] <= 1.0
+    # --sft-set reaches sft.py: its micro-batches hold at most the 4096 tokens asked for (~14.6k without)
+    micro_batches = [json.loads(m) for m in re.findall(r"Microbatch #tokens \(rank 0\): (\[[\d, ]+\])", (work / "sft.log").read_text())]
+    assert micro_batches and all(len(mb) > 1 and max(mb) <= 4096 for mb in micro_batches)
     scratch = load_file(work / "model" / "model.safetensors")
     tuned = load_file(warm_start / "model.safetensors")
     assert any(not scratch[name].equal(tuned[name]) for name in scratch)  # SFT changed the weights
