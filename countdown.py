@@ -104,22 +104,56 @@ def batch_prompt_token_ids(tokenizer, conversations: list[list[dict]]) -> list[l
     return [[int(t) for t in ids] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def reference_completion(row: dict, failed: Sequence[str] = ()) -> str:
+def reference_completion(row: dict, failed: Sequence[str] = (), columns: bool = False) -> str:
     """A completion in the exact target format, reasoning step by step through the
     stored solution; for supervised warm-start and tokenizer training.
 
     `failed` expressions are worked out first, each rejected by a line that checks its
     value against the target ("That makes 330, not 65."), the retry format: a model that
     checks and tries again turns several guesses into one answer (docs/results.md).
+    With `columns`, each + and - step is preceded by its column arithmetic
+    (`column_work`): a small model that writes `a op b = v` in one go guesses v
+    (docs/results.md, exact steps), and a check against the target is only worth as much
+    as the value it checks.
     """
     target = row["target"]
     lines = [f"I need to make {target} from {', '.join(map(str, row['nums']))}, using each number once."]
     for attempt in failed:
         steps = solution_steps(attempt)
-        lines += [*steps, f"That makes {steps[-1].split(' = ')[-1]}, not {target}."]
+        lines += [*worked(steps, columns), f"That makes {steps[-1].split(' = ')[-1]}, not {target}."]
     solution = row["solution"]
-    lines += [*solution_steps(solution), f"So {solution} = {target}."]
+    lines += [*worked(solution_steps(solution), columns), f"So {solution} = {target}."]
     return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
+
+
+def worked(steps: list[str], columns: bool) -> list[str]:
+    """The step lines, each + and - one after its column arithmetic when `columns`."""
+    lines = []
+    for step in steps:
+        a, op, b, _, _ = step.split()
+        work = column_work(int(a), op, int(b)) if columns else None
+        lines += [f"{a} {op} {b}: {work}", step] if work else [step]
+    return lines
+
+
+def column_work(a: int, op: str, b: int) -> str | None:
+    """`a op b` the way it is done on paper, ones first, then the rest with the carry or
+    borrow: 49 + 89 -> "9 + 9 is 18, carry 1; 4 + 8 + 1 is 13" (so 138); 82 - 49 ->
+    "12 - 9 is 3, borrow 1; 8 - 1 - 4 is 3" (so 33). Each part is a sum of small numbers,
+    and the result is the rest's digits then the ones digit. None for * and /, and for a
+    negative difference (the puzzles' steps never have one)."""
+    ones_a, ones_b, rest_a, rest_b = a % 10, b % 10, a // 10, b // 10
+    if op == "+":
+        ones = ones_a + ones_b
+        if ones < 10:
+            return f"{ones_a} + {ones_b} is {ones}; {rest_a} + {rest_b} is {rest_a + rest_b}"
+        return f"{ones_a} + {ones_b} is {ones}, carry 1; {rest_a} + {rest_b} + 1 is {rest_a + rest_b + 1}"
+    if op == "-" and a >= b:
+        if ones_a >= ones_b:
+            return f"{ones_a} - {ones_b} is {ones_a - ones_b}; {rest_a} - {rest_b} is {rest_a - rest_b}"
+        return (f"{ones_a + 10} - {ones_b} is {ones_a + 10 - ones_b}, borrow 1; "
+                f"{rest_a} - 1 - {rest_b} is {rest_a - 1 - rest_b}")  # fmt: skip
+    return None
 
 
 def failed_attempts(row: dict, count: int, rng: random.Random) -> list[str]:

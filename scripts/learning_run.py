@@ -75,7 +75,7 @@ def sft_phase(args: argparse.Namespace) -> None:
         f"total_train_epochs={args.sft_epochs}", f"examples_per_row={args.sft_pack}",
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
-        f"retry_probability={args.sft_retry}",
+        f"retry_probability={args.sft_retry}", f"column_work={str(args.sft_columns).lower()}",
         *args.sft_set,
     ]  # fmt: skip
     start = time.time()
@@ -301,6 +301,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sft-retry", type=float, default=0.0,
                         help="sft: chance of one more failed attempt before a reference solution "
                         "(sft.py's retry_probability; the retry format of docs/results.md)")
+    parser.add_argument("--sft-columns", action="store_true",
+                        help="sft: + and - steps show their column arithmetic (sft.py's column_work)")
     parser.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
                         help="sft: extra sft.py override, e.g. actor.mb_spec.max_tokens_per_mb=262144 (repeatable)")
     parser.add_argument("--grpo-steps", type=int, default=1000, help="grpo: at most this many steps")
