@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import countdown
+import evaluate
 from countdown import DataError, generate_puzzles, load_puzzles, make_messages, make_row, puzzle_key, solve
 from reward_score import compute_score, has_think_answer_format
 
@@ -113,6 +114,56 @@ def test_retry_format_shows_each_failure_rejected_then_the_solution():
         "4 * 3 = 12\n90 - 12 = 78\nSo 90 - 4 * 3 = 78.\n</think>\n<answer>90 - 4 * 3</answer>"
     )
     assert compute_score(completion, row) == 1.0
+
+
+def column_result(work: str) -> int:
+    """Read a column_work text the way the reasoning uses it: the rest's digits, then the ones digit."""
+    ones_part, rest_part = work.split("; ")
+    return int(rest_part.rsplit(" is ", 1)[1]) * 10 + int(ones_part.split(" is ")[1].split(",")[0]) % 10
+
+
+def small_sum(text: str) -> int:
+    """'8 - 1 - 4' -> 3."""
+    first, *rest = text.split()
+    value = int(first)
+    for op, number in zip(rest[::2], rest[1::2]):
+        value += int(number) if op == "+" else -int(number)
+    return value
+
+
+def test_column_work_adds_up_to_each_sum_and_difference():
+    for a in range(0, 1200):
+        for b in range(0, 120):
+            for op, value in (("+", a + b), ("-", a - b)):
+                work = countdown.column_work(a, op, b)
+                if value < 0:
+                    assert work is None  # the puzzles' steps never subtract the larger number
+                    continue
+                assert column_result(work) == value, (a, op, b, work)
+                for part in work.split("; "):  # every part's own arithmetic is right
+                    sums, result = part.split(",")[0].split(" is ")
+                    assert small_sum(sums) == int(result), work
+    assert countdown.column_work(49, "+", 89) == "9 + 9 is 18, carry 1; 4 + 8 + 1 is 13"
+    assert countdown.column_work(82, "-", 49) == "12 - 9 is 3, borrow 1; 8 - 1 - 4 is 3"
+    assert countdown.column_work(6, "*", 7) is None and countdown.column_work(8, "/", 2) is None
+
+
+def test_columns_format_shows_the_work_before_each_plus_and_minus_step():
+    row = make_row([90, 4, 3], 78, "90 - 4 * 3")
+    completion = countdown.reference_completion(row, ["4 - 3 + 90"], columns=True)
+    assert completion == (
+        "<think>\nI need to make 78 from 90, 4, 3, using each number once.\n"
+        "4 - 3: 4 - 3 is 1; 0 - 0 is 0\n4 - 3 = 1\n1 + 90: 1 + 0 is 1; 0 + 9 is 9\n1 + 90 = 91\n"
+        "That makes 91, not 78.\n"
+        "4 * 3 = 12\n90 - 12: 10 - 2 is 8, borrow 1; 9 - 1 - 1 is 7\n90 - 12 = 78\n"
+        "So 90 - 4 * 3 = 78.\n</think>\n<answer>90 - 4 * 3</answer>"
+    )
+    for row in generate_puzzles(300, seed=5, min_numbers=2, max_numbers=5):
+        completion = countdown.reference_completion(row, columns=True)
+        assert compute_score(completion, row) == 1.0
+        # evaluate.py's exact steps read the step lines only, not the column work
+        steps = len(countdown.solution_steps(row["solution"]))
+        assert evaluate.worked_steps(completion) == (steps, steps)
 
 
 # -----------------------------------------------------------------------------

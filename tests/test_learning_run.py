@@ -125,6 +125,23 @@ def test_sft_examples_show_failed_attempts_with_the_retry_probability(tiny_model
     assert set(shown) == {0, 1, 2} and 0.35 < shown.count(0) / len(rows) < 0.65
 
 
+def test_sft_examples_show_column_work_when_asked(tiny_model_dir):
+    import sft
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = countdown.generate_puzzles(50, seed=6)
+    prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
+    columns = sft.sft_examples(tokenizer, rows, columns=True)
+    shown = 0
+    for row, example, prompt in zip(rows, columns, prompts):
+        completion = tokenizer.decode(example["input_ids"][len(prompt) : -1])
+        assert completion == countdown.reference_completion(row, columns=True)
+        assert sum(example["loss_mask"]) == len(example["input_ids"]) - len(prompt)  # the work is learned
+        shown += completion != countdown.reference_completion(row)
+    assert shown > 40  # all but the solutions made of * and / alone
+
+
 def without_failures(completion: str) -> str:
     """The completion less each failed attempt: the step lines a "That makes V, not T." line rejects."""
     kept, pending = [], []
