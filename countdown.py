@@ -120,18 +120,18 @@ def reference_completion(row: dict, failed: Sequence[str] = (), columns: bool = 
     lines = [f"I need to make {target} from {', '.join(map(str, row['nums']))}, using each number once."]
     for attempt in failed:
         steps = solution_steps(attempt)
-        lines += [*worked(steps, columns), f"That makes {steps[-1].split(' = ')[-1]}, not {target}."]
+        lines += [*step_lines(steps, columns), f"That makes {steps[-1].split(' = ')[-1]}, not {target}."]
     solution = row["solution"]
-    lines += [*worked(solution_steps(solution), columns), f"So {solution} = {target}."]
+    lines += [*step_lines(solution_steps(solution), columns), f"So {solution} = {target}."]
     return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
 
 
-def worked(steps: list[str], columns: bool) -> list[str]:
-    """The step lines, each + and - one after its column arithmetic when `columns`."""
+def step_lines(steps: list[str], columns: bool) -> list[str]:
+    """The steps, each + and - of whole numbers after its column arithmetic when `columns`."""
     lines = []
     for step in steps:
         a, op, b, _, _ = step.split()
-        work = column_work(int(a), op, int(b)) if columns else None
+        work = column_work(int(a), op, int(b)) if columns and a.isdigit() and b.isdigit() else None
         lines += [f"{a} {op} {b}: {work}", step] if work else [step]
     return lines
 

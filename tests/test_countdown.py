@@ -158,6 +158,8 @@ def test_columns_format_shows_the_work_before_each_plus_and_minus_step():
         "4 * 3 = 12\n90 - 12: 10 - 2 is 8, borrow 1; 9 - 1 - 1 is 7\n90 - 12 = 78\n"
         "So 90 - 4 * 3 = 78.\n</think>\n<answer>90 - 4 * 3</answer>"
     )
+    fractions = countdown.reference_completion(make_row([8, 3, 8, 3], 24, "8 / (3 - 8 / 3)"), columns=True)
+    assert "\n3 - 8/3 = 1/3\n" in fractions and " is " not in fractions  # a fraction's step stays plain
     for row in generate_puzzles(300, seed=5, min_numbers=2, max_numbers=5):
         completion = countdown.reference_completion(row, columns=True)
         assert compute_score(completion, row) == 1.0
