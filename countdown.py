@@ -119,20 +119,20 @@ def reference_completion(row: dict, failed: Sequence[str] = (), columns: bool = 
     target = row["target"]
     lines = [f"I need to make {target} from {', '.join(map(str, row['nums']))}, using each number once."]
     for attempt in failed:
-        steps = solution_steps(attempt)
-        lines += [*step_lines(steps, columns), f"That makes {steps[-1].split(' = ')[-1]}, not {target}."]
+        steps = worked_out(attempt)
+        lines += [*step_lines(steps, columns), f"That makes {steps[-1][-1]}, not {target}."]
     solution = row["solution"]
-    lines += [*step_lines(solution_steps(solution), columns), f"So {solution} = {target}."]
+    lines += [*step_lines(worked_out(solution), columns), f"So {solution} = {target}."]
     return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
 
 
-def step_lines(steps: list[str], columns: bool) -> list[str]:
-    """The steps, each + and - of whole numbers after its column arithmetic when `columns`."""
+def step_lines(steps: list[Step], columns: bool) -> list[str]:
+    """The steps' lines, each + and - of whole numbers after its column arithmetic when `columns`."""
     lines = []
-    for step in steps:
-        a, op, b, _, _ = step.split()
-        work = column_work(int(a), op, int(b)) if columns and a.isdigit() and b.isdigit() else None
-        lines += [f"{a} {op} {b}: {work}", step] if work else [step]
+    for a, op, b, value in steps:
+        work = column_work(a, op, b) if columns and isinstance(a, int) and isinstance(b, int) else None
+        lines += [f"{a} {op} {b}: {work}"] if work else []
+        lines.append(f"{a} {op} {b} = {value}")
     return lines
 
 
@@ -171,15 +171,20 @@ def failed_attempts(row: dict, count: int, rng: random.Random) -> list[str]:
 
 
 def solution_steps(solution: str) -> list[str]:
-    """'(1 + 2) * 3' -> ['1 + 2 = 3', '3 * 3 = 9']: one line per operation, worked out
-    by the reward's own parser and evaluator, so the reasoning shown in a reference
-    completion is the arithmetic that scores it. ValueError for anything the reward
-    would call an invalid expression, division by zero included."""
+    """'(1 + 2) * 3' -> ['1 + 2 = 3', '3 * 3 = 9']: one line per operation (`worked_out`)."""
+    return step_lines(worked_out(solution), columns=False)
+
+
+def worked_out(solution: str) -> list[Step]:
+    """The operations of `solution` in order, with their values, worked out by the reward's
+    own parser and evaluator, so the reasoning shown in a reference completion is the
+    arithmetic that scores it. ValueError for anything the reward would call an invalid
+    expression, division by zero included."""
     postfix = parse_expression(solution)
     steps: list[Step] = []
     if postfix is None or evaluate(postfix, steps) is None:
         raise ValueError(f"not a valid Countdown expression: {solution!r}")
-    return [f"{a} {op} {b} = {value}" for a, op, b, value in steps]
+    return steps
 
 
 # -----------------------------------------------------------------------------
