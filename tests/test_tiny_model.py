@@ -167,3 +167,10 @@ def test_small_preset_size(tok):
     model = mtm.build_model(tok, preset="small", seed=0)
     assert 20_000_000 <= mtm.count_params(model) <= 30_000_000
     assert model.config.num_key_value_heads < model.config.num_attention_heads
+
+
+def test_medium_preset_is_three_times_small(tok):
+    small = mtm.count_params(mtm.build_model(tok, preset="small", seed=0))
+    medium = mtm.build_model(tok, preset="medium", seed=0)
+    assert 2.5 * small <= mtm.count_params(medium) <= 3.5 * small
+    assert medium.config.hidden_size // medium.config.num_attention_heads == 64

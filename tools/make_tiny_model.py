@@ -1,6 +1,6 @@
 """Build a small, randomly initialised Qwen2-style model with a project-trained tokenizer.
 
-    python3 -m tools.make_tiny_model --out models/tiny-qwen2 [--preset tiny|demo|small] [--seed 0]
+    python3 -m tools.make_tiny_model --out models/tiny-qwen2 [--preset tiny|demo|small|medium] [--seed 0]
 
 Nothing is downloaded. The output is an ordinary Hugging Face folder (config.json,
 model.safetensors, generation_config.json, tokenizer.json, tokenizer_config.json with
@@ -80,6 +80,15 @@ PRESETS: dict[str, dict] = {
         num_hidden_layers=8,
         num_attention_heads=8,
         num_key_value_heads=2,
+    ),
+    # GPT-2 small's depth and width (12 x 768) in head_dim 64: the larger model that the
+    # warm start's step-bound SFT and GRPO's plateau asked for (docs/results.md, issue 23).
+    "medium": dict(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
     ),
 }
 
