@@ -211,7 +211,7 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
     warm_start = warm_start_record(model)
     saved_step = keep_final_model(run_dir, args.work / "final_model") if args.save_every else None
     results = {
-        "model": f"Qwen2 architecture, preset {args.preset}, from random weights",
+        "model": model_summary(model),
         "device": device_name(args.device),
         "sft_seconds": warm_start.get("sft_seconds"),
         "grpo_steps": steps_done(args.work / "train.log"),
@@ -251,6 +251,14 @@ def steps_done(train_log: Path) -> int:
     """The last "Train step N/M done" of the trainer's log (0 if none)."""
     steps = re.findall(r"Train step (\d+)/\d+ done", train_log.read_text(errors="replace"))
     return int(steps[-1]) if steps else 0
+
+
+def model_summary(model: Path) -> str:
+    """The served model's shape, read from its config: the grpo phase's --preset is unused
+    (the model is --init's), so it cannot say which preset was trained."""
+    config = json.loads((model / "config.json").read_text())
+    return (f"Qwen2 architecture, {config['num_hidden_layers']} layers of {config['hidden_size']} "
+            f"(MLP {config['intermediate_size']})")
 
 
 def warm_start_record(model: Path) -> dict:
