@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-# pip keeps no cache: the CUDA wheels (about 4.5 GB) would otherwise sit on disk twice.
+# pip keeps no cache: the wheels would otherwise sit on disk twice.
 PIP_INSTALL := $(PY) -m pip install --no-cache-dir --progress-bar off
-TORCH := $(shell grep -E '^torch==' requirements.txt)
+TORCH := $(shell grep -E '^torch==' requirements-cpu.txt)
 # Which of the README's training commands the demo runs: single (controller), local, ray, slurm.
 LAUNCHER ?= single
 
@@ -13,15 +13,17 @@ LAUNCHER ?= single
 
 setup: $(INSTALLED)
 
-# torch and its CUDA libraries go in first, alone, so their downloaded wheels are deleted
-# before the rest of areal's dependencies are fetched: that keeps the peak disk use down.
+# requirements-cpu.txt pins every package, with a CPU build of torch in place of the CUDA
+# one that requirements.txt resolves to (its header says why). torch goes in first with its
+# own dependencies: where pip finds no CPU build, the CUDA build it takes needs its nvidia-*
+# libraries. The rest go in with --no-deps, which keeps pip from swapping torch back.
 # The disk check is for a first install; an existing .venv only needs what changed.
-$(INSTALLED): requirements.txt pyproject.toml
+$(INSTALLED): requirements-cpu.txt pyproject.toml
 	test -d $(VENV) || $(PYTHON) scripts/check_disk.py .
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --quiet --upgrade pip
 	$(PIP_INSTALL) "$(TORCH)"
-	$(PIP_INSTALL) -r requirements.txt
+	$(PIP_INSTALL) --no-deps -r requirements-cpu.txt
 	$(PIP_INSTALL) --no-deps -e .
 	touch $(INSTALLED)
 

@@ -7,7 +7,7 @@ pip's output; this says up front how much room is needed and where.
 import shutil
 import sys
 
-NEEDED_GIB = 11.0
+NEEDED_GIB = 6.0
 
 
 def main(path: str) -> None:
@@ -15,8 +15,9 @@ def main(path: str) -> None:
     if free_gib < NEEDED_GIB:
         sys.exit(
             f"check_disk: {free_gib:.1f} GiB free on the disk holding {path!r}; installing "
-            f"areal 1.0.4 with its CUDA build of torch needs about {NEEDED_GIB:.0f} GiB there "
-            "(and in TMPDIR if that is another disk). Free some space and run make again."
+            "requirements-cpu.txt (areal 1.0.4 with a CPU build of torch) needs about "
+            f"{NEEDED_GIB:.0f} GiB there (and in TMPDIR if that is another disk). Free some "
+            "space and run make again."
         )
     print(f"check_disk: {free_gib:.1f} GiB free, enough for the install")
 

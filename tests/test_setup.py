@@ -7,19 +7,47 @@ import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_torch_installed_first_is_the_one_areal_resolves_to():
-    """The Makefile installs requirements.txt's torch pin alone, before areal. A pin outside
-    areal's range would make pip replace it in the second step (another 4.5 GB of wheels)."""
-    pins = dict(re.findall(r"^(\w+)==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M))
-    areal_requirements = map(Requirement, importlib.metadata.requires("areal"))
-    areal_torch = next(r for r in areal_requirements if r.name == "torch" and (r.marker is None or r.marker.evaluate()))
-    assert areal_torch.specifier.contains(pins["torch"])
-    assert importlib.metadata.version("torch").split("+")[0] == pins["torch"]
-    assert "grep -E '^torch==' requirements.txt" in (ROOT / "Makefile").read_text()
+LEFT_OUT_OF_CPU_LOCK = {"torchvision", "torchaudio"}
+
+
+def pins(requirements: str) -> dict[str, str]:
+    text = (ROOT / requirements).read_text()
+    return {canonicalize_name(name): version for name, version in re.findall(r"^([\w.-]+)==(\S+)$", text, re.M)}
+
+
+def test_cpu_lock_pins_what_requirements_txt_pins_except_torch():
+    """`make` installs requirements-cpu.txt; GPU users install requirements.txt. A version bumped
+    in one and not the other would test one stack and ship another."""
+    gpu, cpu = pins("requirements.txt"), pins("requirements-cpu.txt")
+    assert {name: cpu.get(name) for name in gpu if name != "torch"} == {n: v for n, v in gpu.items() if n != "torch"}
+
+
+def test_cpu_lock_has_no_cuda_packages_and_pins_all_that_areal_needs():
+    cpu = pins("requirements-cpu.txt")
+    assert [name for name in cpu if re.fullmatch(r"nvidia-.*-cu\d+", name)] == []
+    needed = {
+        canonicalize_name(r.name): r.specifier
+        for r in map(Requirement, importlib.metadata.requires("areal"))
+        if r.marker is None or r.marker.evaluate()
+    }
+    assert [name for name in needed if name not in cpu and name not in LEFT_OUT_OF_CPU_LOCK] == []
+    outside_areal_range = [name for name, spec in needed.items() if name in cpu and not spec.contains(cpu[name])]
+    assert outside_areal_range == ["torch"]
+
+
+def test_installed_packages_need_nothing_but_what_the_cpu_lock_leaves_out():
+    """`pip check` over the whole environment: every package's own requirements are installed,
+    so the --no-deps install of the lock missed nothing. The only complaints allowed are the
+    lock's documented ones (areal's torch range, torchvision, torchaudio); a GPU environment
+    from requirements.txt has none."""
+    check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    allowed = re.compile(r"areal 1\.0\.4 (requires (torchvision|torchaudio), which is not installed|has requirement torch.*)\.")
+    assert [line for line in check.stdout.splitlines() if not allowed.fullmatch(line)] in ([], ["No broken requirements found."])
 
 
 def run_check_disk(needed_gib: float) -> subprocess.CompletedProcess:
