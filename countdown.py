@@ -38,6 +38,7 @@ import random
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from fractions import Fraction
 from pathlib import Path
 
 from reward_score import Step, Verdict, evaluate, judge, parse_expression, puzzle_problem
@@ -104,7 +105,9 @@ def batch_prompt_token_ids(tokenizer, conversations: list[list[dict]]) -> list[l
     return [[int(t) for t in ids] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def reference_completion(row: dict, failed: Sequence[str] = (), columns: bool = False) -> str:
+def reference_completion(
+    row: dict, failed: Sequence[str] = (), columns: bool = False, numbers_left: bool = False
+) -> str:
     """A completion in the exact target format, reasoning step by step through the
     stored solution; for supervised warm-start and tokenizer training.
 
@@ -115,25 +118,44 @@ def reference_completion(row: dict, failed: Sequence[str] = (), columns: bool = 
     (`column_work`): a small model that writes `a op b = v` in one go guesses v
     (docs/results.md, exact steps), and a check against the target is only worth as much
     as the value it checks.
+    With `numbers_left`, each step but an attempt's last is followed by the numbers still to
+    use ("Left: 90, 12"), the state of the search: a model that computes its steps but
+    does not track them reuses, drops or invents numbers (docs/results.md, steps that compute).
     """
     target = row["target"]
     lines = [f"I need to make {target} from {', '.join(map(str, row['nums']))}, using each number once."]
+    left = row["nums"] if numbers_left else None
     for attempt in failed:
         steps = worked_out(attempt)
-        lines += [*step_lines(steps, columns), f"That makes {steps[-1][-1]}, not {target}."]
+        lines += [*step_lines(steps, columns, left), f"That makes {steps[-1][-1]}, not {target}."]
     solution = row["solution"]
-    lines += [*step_lines(worked_out(solution), columns), f"So {solution} = {target}."]
+    lines += [*step_lines(worked_out(solution), columns, left), f"So {solution} = {target}."]
     return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
 
 
-def step_lines(steps: list[Step], columns: bool) -> list[str]:
-    """The steps' lines, each + and - of whole numbers after its column arithmetic when `columns`."""
-    lines = []
-    for a, op, b, value in steps:
+def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = None) -> list[str]:
+    """The steps' lines, each + and - of whole numbers after its column arithmetic when
+    `columns`; with the puzzle's `nums`, each step but the last is followed by the numbers
+    left to use. ValueError if a step uses a number that is not left."""
+    lines, left = [], list(nums or ())
+    for i, (a, op, b, value) in enumerate(steps):
         work = column_work(a, op, b) if columns and isinstance(a, int) and isinstance(b, int) else None
         lines += [f"{a} {op} {b}: {work}"] if work else []
         lines.append(f"{a} {op} {b} = {value}")
+        if nums is not None and i < len(steps) - 1:
+            left = numbers_left(left, a, b, value)
+            lines.append("Left: " + ", ".join(map(str, left)))
     return lines
+
+
+def numbers_left(left: list, a: int | Fraction, b: int | Fraction, value: int | Fraction) -> list:
+    """The numbers to use after a step: `a` and `b` taken out, `value` added at the end."""
+    rest = list(left)
+    for operand in (a, b):
+        if operand not in rest:
+            raise ValueError(f"step {a}, {b}: {operand} is not among the numbers left {left}")
+        rest.remove(operand)
+    return [*rest, value]
 
 
 def column_work(a: int, op: str, b: int) -> str | None:

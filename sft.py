@@ -41,20 +41,26 @@ MAX_FAILED_ATTEMPTS = 2
 
 
 def sft_examples(
-    tokenizer, rows: list[dict], retry_probability: float = 0.0, seed: int = 0, columns: bool = False
+    tokenizer,
+    rows: list[dict],
+    retry_probability: float = 0.0,
+    seed: int = 0,
+    columns: bool = False,
+    numbers_left: bool = False,
 ) -> list[dict[str, list[int]]]:
     """Prompt (chat template, as in training) + reference completion + EOS; loss on the latter.
 
     With `retry_probability`, some completions show failed attempts before the solution.
     They are learned too: a model trained only on steps that end at the target learns to
     fake the last step's arithmetic rather than to check it (docs/results.md, the retry format).
-    With `columns`, + and - steps show their column arithmetic (countdown.column_work).
+    With `columns`, + and - steps show their column arithmetic (countdown.column_work), and
+    with `numbers_left` each step is followed by the numbers left to use.
     """
     rng = random.Random(seed)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
     texts = [
         countdown.reference_completion(
-            row, countdown.failed_attempts(row, failed_count(rng, retry_probability), rng), columns
+            row, countdown.failed_attempts(row, failed_count(rng, retry_probability), rng), columns, numbers_left
         )
         for row in rows
     ]
@@ -93,6 +99,9 @@ class WarmStartConfig(SFTConfig):
     column_work: bool = field(
         default=False, metadata={"help": "show the column arithmetic of every + and - step (countdown.column_work)"}
     )
+    numbers_left: bool = field(
+        default=False, metadata={"help": "follow every step with the numbers left to use (countdown.step_lines)"}
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -105,7 +114,9 @@ def main(argv: list[str]) -> None:
     except countdown.DataError as e:
         preflight.exit_bad_input("sft.py", e)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
-    examples = sft_examples(tokenizer, rows, config.retry_probability, config.seed, config.column_work)
+    examples = sft_examples(
+        tokenizer, rows, config.retry_probability, config.seed, config.column_work, config.numbers_left
+    )
     train_set = Dataset.from_list(pack_examples(examples, config.examples_per_row))
     with SFTTrainer(config, train_dataset=train_set) as trainer:
         trainer.train()

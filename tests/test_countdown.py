@@ -116,6 +116,35 @@ def test_retry_format_shows_each_failure_rejected_then_the_solution():
     assert compute_score(completion, row) == 1.0
 
 
+def test_numbers_left_follow_every_step_but_an_attempts_last():
+    row = make_row([90, 4, 3], 78, "90 - 4 * 3")
+    completion = countdown.reference_completion(row, ["4 - 3 + 90"], numbers_left=True)
+    assert completion == (
+        "<think>\nI need to make 78 from 90, 4, 3, using each number once.\n"
+        "4 - 3 = 1\nLeft: 90, 1\n1 + 90 = 91\nThat makes 91, not 78.\n"
+        "4 * 3 = 12\nLeft: 90, 12\n90 - 12 = 78\nSo 90 - 4 * 3 = 78.\n</think>\n<answer>90 - 4 * 3</answer>"
+    )
+    fractions = countdown.reference_completion(make_row([8, 3, 8, 3], 24, "8 / (3 - 8 / 3)"), numbers_left=True)
+    assert "\n8 / 3 = 8/3\nLeft: 8, 3, 8/3\n3 - 8/3 = 1/3\nLeft: 8, 1/3\n" in fractions
+    rng = random.Random(0)
+    for row in generate_puzzles(300, seed=7, min_numbers=2, max_numbers=5):
+        completion = countdown.reference_completion(
+            row, countdown.failed_attempts(row, 1, rng), columns=True, numbers_left=True
+        )
+        assert compute_score(completion, row) == 1.0
+        steps = len(countdown.solution_steps(row["solution"]))
+        lefts = [line for line in completion.split("\n") if line.startswith("Left: ")]
+        # the solution's states (the last steps - 1) shrink by one number a step, down to two
+        assert [len(line.split(", ")) for line in lefts[len(lefts) - steps + 1 :]] == list(
+            range(len(row["nums"]) - 1, 1, -1)
+        )
+
+
+def test_numbers_left_refuses_a_step_that_uses_a_number_not_left():
+    with pytest.raises(ValueError, match="7 is not among the numbers left"):
+        countdown.numbers_left([90, 4, 3], 7, 3, 21)
+
+
 def column_result(work: str) -> int:
     """Read a column_work text the way the reasoning uses it: the rest's digits, then the ones digit."""
     ones_part, rest_part = work.split("; ")

@@ -143,6 +143,20 @@ def test_sft_examples_show_column_work_when_asked(tiny_model_dir):
     assert shown > 40  # all but the solutions made of * and / alone
 
 
+def test_sft_examples_show_the_numbers_left_when_asked(tiny_model_dir):
+    import sft
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = countdown.generate_puzzles(50, seed=6)
+    prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
+    examples = sft.sft_examples(tokenizer, rows, columns=True, numbers_left=True)
+    for row, example, prompt in zip(rows, examples, prompts):
+        completion = tokenizer.decode(example["input_ids"][len(prompt) : -1])
+        assert completion == countdown.reference_completion(row, columns=True, numbers_left=True)
+        assert completion.count("\nLeft: ") == len(countdown.solution_steps(row["solution"])) - 1
+
+
 def without_failures(completion: str) -> str:
     """The completion less each failed attempt: the step lines a "That makes V, not T." line rejects."""
     kept, pending = [], []
