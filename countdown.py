@@ -143,12 +143,12 @@ def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = No
         lines += [f"{a} {op} {b}: {work}"] if work else []
         lines.append(f"{a} {op} {b} = {value}")
         if nums is not None and i < len(steps) - 1:
-            left = numbers_left(left, a, b, value)
+            left = numbers_after_step(left, a, b, value)
             lines.append("Left: " + ", ".join(map(str, left)))
     return lines
 
 
-def numbers_left(left: list, a: int | Fraction, b: int | Fraction, value: int | Fraction) -> list:
+def numbers_after_step(left: list, a: int | Fraction, b: int | Fraction, value: int | Fraction) -> list:
     """The numbers to use after a step: `a` and `b` taken out, `value` added at the end."""
     rest = list(left)
     for operand in (a, b):

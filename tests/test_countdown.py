@@ -140,9 +140,9 @@ def test_numbers_left_follow_every_step_but_an_attempts_last():
         )
 
 
-def test_numbers_left_refuses_a_step_that_uses_a_number_not_left():
+def test_numbers_after_step_refuses_a_step_that_uses_a_number_not_left():
     with pytest.raises(ValueError, match="7 is not among the numbers left"):
-        countdown.numbers_left([90, 4, 3], 7, 3, 21)
+        countdown.numbers_after_step([90, 4, 3], 7, 3, 21)
 
 
 def column_result(work: str) -> int:
