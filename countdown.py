@@ -136,7 +136,8 @@ def reference_completion(
 def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = None) -> list[str]:
     """The steps' lines, each + and - of whole numbers after its column arithmetic when
     `columns`; with the puzzle's `nums`, each step but the last is followed by the numbers
-    left to use. ValueError if a step uses a number that is not left."""
+    left to use. ValueError if such a step uses a number that is not left (the last step is
+    not checked: no line follows it)."""
     lines, left = [], list(nums or ())
     for i, (a, op, b, value) in enumerate(steps):
         work = column_work(a, op, b) if columns and isinstance(a, int) and isinstance(b, int) else None
