@@ -138,7 +138,7 @@ def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = No
     `columns`; with the puzzle's `nums`, each step but the last is followed by the numbers
     left to use. ValueError if such a step uses a number that is not left (the last step is
     not checked: no line follows it)."""
-    lines, left = [], list(nums or ())
+    lines, left = [], nums
     for i, (a, op, b, value) in enumerate(steps):
         work = column_work(a, op, b) if columns and isinstance(a, int) and isinstance(b, int) else None
         lines += [f"{a} {op} {b}: {work}"] if work else []
@@ -149,7 +149,7 @@ def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = No
     return lines
 
 
-def numbers_after_step(left: list, a: int | Fraction, b: int | Fraction, value: int | Fraction) -> list:
+def numbers_after_step(left: Sequence, a: int | Fraction, b: int | Fraction, value: int | Fraction) -> list:
     """The numbers to use after a step: `a` and `b` taken out, `value` added at the end."""
     rest = list(left)
     for operand in (a, b):
