@@ -31,6 +31,7 @@ more permissive of the two, so every stored solution scores 1.0.
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -131,6 +132,81 @@ def reference_completion(
     solution = row["solution"]
     lines += [*step_lines(worked_out(solution), columns, left), f"So {solution} = {target}."]
     return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
+
+
+def signs_completion(row: dict) -> str:
+    """A completion that finds a + and - solution by arithmetic instead of guessing one.
+
+    Any expression of + and - alone adds some numbers and subtracts the others, so it equals
+    the sum of all the numbers minus twice the ones subtracted: those add up to
+    (sum - target) / 2. The reasoning adds all the numbers, takes away the target, halves
+    the difference and looks for numbers that add up to the half, every sum in column
+    arithmetic (`column_work`). Most puzzles have such a solution (docs/results.md); for
+    the others it says so and works through the stored solution, which then needs * or /.
+    """
+    nums, target = row["nums"], row["target"]
+    lines = [f"I need to make {target} from {', '.join(map(str, nums))}, using each number once."]
+    total = nums[0]
+    for n in nums[1:]:
+        lines += step_lines([(total, "+", n, total + n)], columns=True)
+        total += n
+    search, subtracted = subtraction_search(nums, target, total)
+    lines += search
+    if subtracted is None:
+        answer = row["solution"]
+        lines += step_lines(worked_out(answer), columns=True)
+    else:
+        kept = list(nums)
+        for n in subtracted:
+            kept.remove(n)
+        answer = " + ".join(map(str, kept)) + "".join(f" - {n}" for n in subtracted)
+    lines.append(f"So {answer} = {target}.")
+    return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + answer + "</answer>"
+
+
+def subtraction_search(nums: Sequence[int], target: int, total: int) -> tuple[list[str], list[int] | None]:
+    """The lines of `signs_completion` after the sum of all `nums` (`total`), and the
+    numbers to subtract they find, or None when + and - alone cannot make `target`.
+
+    The numbers subtracted add up to half = (total - target) / 2 and the numbers kept to
+    target + half. One number is checked against both; then, with four numbers or more,
+    the groups that hold the first number (every split of the numbers in two has one
+    side that holds it)."""
+    cannot = f"So + and - alone cannot make {target}."
+    if total < target:
+        return [f"{total} is less than {target}.", cannot], None
+    lines = step_lines([(total, "-", target, total - target)], columns=True)
+    if (total - target) % 2:
+        return [*lines, f"{total - target} is odd.", cannot], None
+    half = (total - target) // 2
+    lines.append(f"Half of {total - target} is {half}: the numbers to subtract add up to {half}.")
+    if half == 0:
+        return [*lines, "Nothing to subtract."], []
+    if half in nums:
+        return [*lines, f"{half} is one of the numbers."], [half]
+    keep = target + half
+    lines += step_lines([(target, "+", half, keep)], columns=True)
+    lines.append(f"The numbers to keep add up to {keep}.")
+    if keep in nums:
+        rest = list(nums)
+        rest.remove(keep)
+        return [*lines, f"{keep} is one of the numbers."], rest
+    first, others = nums[0], list(nums[1:])
+    for size in range(1, len(others) - 1):
+        for group in itertools.combinations(others, size):
+            partial = first
+            for n in group:
+                lines += step_lines([(partial, "+", n, partial + n)], columns=True)
+                partial += n
+            if partial == half:
+                return lines, [first, *group]
+            if partial == keep:
+                rest = list(others)
+                for n in group:
+                    rest.remove(n)
+                return lines, rest
+            lines[-1] += f", not {half} or {keep}."
+    return [*lines, f"No numbers add up to {half} or {keep}.", cannot], None
 
 
 def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = None) -> list[str]:

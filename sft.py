@@ -47,6 +47,7 @@ def sft_examples(
     seed: int = 0,
     columns: bool = False,
     numbers_left: bool = False,
+    signs: bool = False,
 ) -> list[dict[str, list[int]]]:
     """Prompt (chat template, as in training) + reference completion + EOS; loss on the latter.
 
@@ -54,12 +55,16 @@ def sft_examples(
     They are learned too: a model trained only on steps that end at the target learns to
     fake the last step's arithmetic rather than to check it (docs/results.md, the retry format).
     With `columns`, + and - steps show their column arithmetic (countdown.column_work), and
-    with `numbers_left` each step is followed by the numbers left to use.
+    with `numbers_left` each step is followed by the numbers left to use. With `signs`, the
+    reasoning finds a + and - solution by arithmetic (countdown.signs_completion), and the
+    other three options are ignored.
     """
     rng = random.Random(seed)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
     texts = [
-        countdown.reference_completion(
+        countdown.signs_completion(row)
+        if signs
+        else countdown.reference_completion(
             row, countdown.failed_attempts(row, failed_count(rng, retry_probability), rng), columns, numbers_left
         )
         for row in rows
@@ -102,6 +107,11 @@ class WarmStartConfig(SFTConfig):
     numbers_left: bool = field(
         default=False, metadata={"help": "follow every step with the numbers left to use (countdown.step_lines)"}
     )
+    signs: bool = field(
+        default=False,
+        metadata={"help": "find a + and - solution by arithmetic (countdown.signs_completion); "
+                  "the three options above must stay off"},
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -109,13 +119,17 @@ def main(argv: list[str]) -> None:
     config, _ = config_errors.load_config(argv, WarmStartConfig, "sft.py")
     if not 0 <= config.retry_probability <= 1:
         preflight.exit_bad_input("sft.py", f"retry_probability={config.retry_probability}: give a probability from 0 to 1")
+    if config.signs and (config.retry_probability or config.column_work or config.numbers_left):
+        preflight.exit_bad_input(
+            "sft.py", "signs=true has its own format: leave retry_probability, column_work and numbers_left off"
+        )
     try:
         rows = countdown.load_puzzles(config.train_dataset.path)
     except countdown.DataError as e:
         preflight.exit_bad_input("sft.py", e)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     examples = sft_examples(
-        tokenizer, rows, config.retry_probability, config.seed, config.column_work, config.numbers_left
+        tokenizer, rows, config.retry_probability, config.seed, config.column_work, config.numbers_left, config.signs
     )
     train_set = Dataset.from_list(pack_examples(examples, config.examples_per_row))
     with SFTTrainer(config, train_dataset=train_set) as trainer:

@@ -76,7 +76,7 @@ def sft_phase(args: argparse.Namespace) -> None:
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
         f"retry_probability={args.sft_retry}", f"column_work={str(args.sft_columns).lower()}",
-        f"numbers_left={str(args.sft_left).lower()}",
+        f"numbers_left={str(args.sft_left).lower()}", f"signs={str(args.sft_signs).lower()}",
         *args.sft_set,
     ]  # fmt: skip
     start = time.time()
@@ -314,6 +314,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="sft: + and - steps show their column arithmetic (sft.py's column_work)")
     parser.add_argument("--sft-left", action="store_true",
                         help="sft: every step is followed by the numbers left to use (sft.py's numbers_left)")
+    parser.add_argument("--sft-signs", action="store_true",
+                        help="sft: the reasoning finds a + and - solution by arithmetic (sft.py's signs)")
     parser.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
                         help="sft: extra sft.py override, e.g. actor.mb_spec.max_tokens_per_mb=262144 (repeatable)")
     parser.add_argument("--grpo-steps", type=int, default=1000, help="grpo: at most this many steps")

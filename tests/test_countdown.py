@@ -2,8 +2,10 @@
 evaluator), deduplicated, leak-free and deterministic; files and CLI fail cleanly."""
 
 import ast
+import itertools
 import json
 import random
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -195,6 +197,57 @@ def test_columns_format_shows_the_work_before_each_plus_and_minus_step():
         # evaluate.py's exact steps read the step lines only, not the column work
         steps = len(countdown.solution_steps(row["solution"]))
         assert evaluate.worked_steps(completion) == (steps, steps)
+
+
+def test_signs_completion_finds_the_numbers_to_subtract_by_arithmetic():
+    completion = countdown.signs_completion(make_row([19, 36, 55, 7], 65, "55 + 36 - 7 - 19"))
+    assert completion == (
+        "<think>\nI need to make 65 from 19, 36, 55, 7, using each number once.\n"
+        "19 + 36: 9 + 6 is 15, carry 1; 1 + 3 + 1 is 5\n19 + 36 = 55\n"
+        "55 + 55: 5 + 5 is 10, carry 1; 5 + 5 + 1 is 11\n55 + 55 = 110\n"
+        "110 + 7: 0 + 7 is 7; 11 + 0 is 11\n110 + 7 = 117\n"
+        "117 - 65: 7 - 5 is 2; 11 - 6 is 5\n117 - 65 = 52\n"
+        "Half of 52 is 26: the numbers to subtract add up to 26.\n"
+        "65 + 26: 5 + 6 is 11, carry 1; 6 + 2 + 1 is 9\n65 + 26 = 91\n"
+        "The numbers to keep add up to 91.\n"
+        "19 + 36: 9 + 6 is 15, carry 1; 1 + 3 + 1 is 5\n19 + 36 = 55, not 26 or 91.\n"
+        "19 + 55: 9 + 5 is 14, carry 1; 1 + 5 + 1 is 7\n19 + 55 = 74, not 26 or 91.\n"
+        "19 + 7: 9 + 7 is 16, carry 1; 1 + 0 + 1 is 2\n19 + 7 = 26\n"
+        "So 36 + 55 - 19 - 7 = 65.\n</think>\n<answer>36 + 55 - 19 - 7</answer>"
+    )
+
+
+def test_signs_completion_says_cannot_make_exactly_when_no_signs_work():
+    endings = set()
+    for row in generate_puzzles(300, seed=9, min_numbers=2, max_numbers=5):
+        nums, target = row["nums"], row["target"]
+        completion = countdown.signs_completion(row)
+        assert compute_score(completion, {"numbers": nums, "target": target}) == 1.0
+        assert has_think_answer_format(completion)
+        signs_work = any(
+            sum(s * n for s, n in zip(signs, nums)) == target for signs in itertools.product((1, -1), repeat=len(nums))
+        )
+        assert ("cannot make" in completion) == (not signs_work), (nums, target)
+        answer = completion.split("<answer>")[1].removesuffix("</answer>")
+        if signs_work:
+            assert "*" not in answer and "/" not in answer
+            check_solution(nums, target, answer)  # every number once, no step below 1
+        else:
+            assert answer == row["solution"]
+        for a, op, b, value in re.findall(r"^(\d+) ([-+]) (\d+) = (\d+)", completion, re.M):
+            assert int(a) + (int(b) if op == "+" else -int(b)) == int(value), (a, op, b, value)
+        endings |= {e for e in ("is less than", "is odd.", "No numbers add up", "is one of the numbers",
+                                "Nothing to subtract", ", not ") if e in completion}  # fmt: skip
+    assert len(endings) == 6  # every way the search can end is exercised
+
+
+def test_signs_completion_falls_back_to_the_stored_solution():
+    completion = countdown.signs_completion(make_row([54, 96, 81], 64, "54 * 96 / 81"))
+    assert "\n231 - 64 = 167\n167 is odd.\nSo + and - alone cannot make 64.\n" in completion
+    assert completion.endswith("54 * 96 = 5184\n5184 / 81 = 64\nSo 54 * 96 / 81 = 64.\n</think>\n<answer>54 * 96 / 81</answer>")
+    smaller = countdown.signs_completion(make_row([2, 3], 6, "2 * 3"))
+    assert "\n2 + 3 = 5\n5 is less than 6.\nSo + and - alone cannot make 6.\n" in smaller
+    assert smaller.endswith("<answer>2 * 3</answer>")
 
 
 # -----------------------------------------------------------------------------

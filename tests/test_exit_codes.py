@@ -30,10 +30,18 @@ def test_bad_input_is_one_line_and_exit_status_2(command, expected, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_sft_retry_probability_outside_0_to_1_is_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["retry_probability=1.5"], "retry_probability=1.5: give a probability from 0 to 1"),
+        (["signs=true", "column_work=true"],
+         "signs=true has its own format: leave retry_probability, column_work and numbers_left off"),
+    ],
+)  # fmt: skip
+def test_sft_settings_that_cannot_work_are_one_line(overrides, message, tmp_path):
     data = tmp_path / "train.jsonl"
     countdown.write_jsonl([(data, countdown.generate_puzzles(4, seed=0))])
-    command = ["sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}", "retry_probability=1.5"]
+    command = ["sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}", *overrides]
     proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == "sft.py: retry_probability=1.5: give a probability from 0 to 1"
+    assert proc.stderr.strip().splitlines()[-1] == f"sft.py: {message}"

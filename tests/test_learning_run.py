@@ -157,6 +157,21 @@ def test_sft_examples_show_the_numbers_left_when_asked(tiny_model_dir):
         assert completion.count("\nLeft: ") == len(countdown.solution_steps(row["solution"])) - 1
 
 
+def test_sft_examples_find_the_signs_when_asked(tiny_model_dir):
+    import sft
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = countdown.generate_puzzles(50, seed=6)
+    prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
+    examples = sft.sft_examples(tokenizer, rows, signs=True)
+    for row, example, prompt in zip(rows, examples, prompts):
+        ids, mask = example["input_ids"], example["loss_mask"]
+        assert ids[: len(prompt)] == prompt and mask == [0] * len(prompt) + [1] * (len(ids) - len(prompt))
+        assert ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(ids[len(prompt) : -1]) == countdown.signs_completion(row)
+
+
 def without_failures(completion: str) -> str:
     """The completion less each failed attempt: the step lines a "That makes V, not T." line rejects."""
     kept, pending = [], []
