@@ -156,9 +156,7 @@ def signs_completion(row: dict) -> str:
         answer = row["solution"]
         lines += step_lines(worked_out(answer), columns=True)
     else:
-        kept = list(nums)
-        for n in subtracted:
-            kept.remove(n)
+        kept = without(nums, subtracted)
         answer = " + ".join(map(str, kept)) + "".join(f" - {n}" for n in subtracted)
     lines.append(f"So {answer} = {target}.")
     return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + answer + "</answer>"
@@ -188,9 +186,7 @@ def subtraction_search(nums: Sequence[int], target: int, total: int) -> tuple[li
     lines += step_lines([(target, "+", half, keep)], columns=True)
     lines.append(f"The numbers to keep add up to {keep}.")
     if keep in nums:
-        rest = list(nums)
-        rest.remove(keep)
-        return [*lines, f"{keep} is one of the numbers."], rest
+        return [*lines, f"{keep} is one of the numbers."], without(nums, [keep])
     first, others = nums[0], list(nums[1:])
     for size in range(1, len(others) - 1):
         for group in itertools.combinations(others, size):
@@ -201,12 +197,17 @@ def subtraction_search(nums: Sequence[int], target: int, total: int) -> tuple[li
             if partial == half:
                 return lines, [first, *group]
             if partial == keep:
-                rest = list(others)
-                for n in group:
-                    rest.remove(n)
-                return lines, rest
+                return lines, without(others, group)
             lines[-1] += f", not {half} or {keep}."
     return [*lines, f"No numbers add up to {half} or {keep}.", cannot], None
+
+
+def without(values: Sequence[int], taken: Sequence[int]) -> list[int]:
+    """`values` less one occurrence of each of `taken` (a puzzle may repeat a number)."""
+    rest = list(values)
+    for n in taken:
+        rest.remove(n)
+    return rest
 
 
 def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = None) -> list[str]:
