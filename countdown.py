@@ -131,7 +131,7 @@ def reference_completion(
         lines += [*step_lines(steps, columns, left), f"That makes {steps[-1][-1]}, not {target}."]
     solution = row["solution"]
     lines += [*step_lines(worked_out(solution), columns, left), f"So {solution} = {target}."]
-    return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + solution + "</answer>"
+    return think_answer(lines, solution)
 
 
 def signs_completion(row: dict) -> str:
@@ -146,12 +146,8 @@ def signs_completion(row: dict) -> str:
     """
     nums, target = row["nums"], row["target"]
     lines = [f"I need to make {target} from {', '.join(map(str, nums))}, using each number once."]
-    total = nums[0]
-    for n in nums[1:]:
-        lines += step_lines([(total, "+", n, total + n)], columns=True)
-        total += n
-    search, subtracted = subtraction_search(nums, target, total)
-    lines += search
+    search, subtracted = subtraction_search(nums, target)
+    lines += sum_lines(nums) + search
     if subtracted is None:
         answer = row["solution"]
         lines += step_lines(worked_out(answer), columns=True)
@@ -159,18 +155,23 @@ def signs_completion(row: dict) -> str:
         kept = without(nums, subtracted)
         answer = " + ".join(map(str, kept)) + "".join(f" - {n}" for n in subtracted)
     lines.append(f"So {answer} = {target}.")
+    return think_answer(lines, answer)
+
+
+def think_answer(lines: list[str], answer: str) -> str:
+    """The target format of every reference completion: the reasoning's lines, then the answer."""
     return "<think>\n" + "\n".join(lines) + "\n</think>\n<answer>" + answer + "</answer>"
 
 
-def subtraction_search(nums: Sequence[int], target: int, total: int) -> tuple[list[str], list[int] | None]:
-    """The lines of `signs_completion` after the sum of all `nums` (`total`), and the
-    numbers to subtract they find, or None when + and - alone cannot make `target`.
+def subtraction_search(nums: Sequence[int], target: int) -> tuple[list[str], list[int] | None]:
+    """The lines of `signs_completion` after the sum of all `nums`, and the numbers to
+    subtract they find, or None when + and - alone cannot make `target`.
 
     The numbers subtracted add up to half = (total - target) / 2 and the numbers kept to
     target + half. One number is checked against both; then, with four numbers or more,
     the groups that hold the first number (every split of the numbers in two has one
     side that holds it)."""
-    cannot = f"So + and - alone cannot make {target}."
+    cannot, total = f"So + and - alone cannot make {target}.", sum(nums)
     if total < target:
         return [f"{total} is less than {target}.", cannot], None
     lines = step_lines([(total, "-", target, total - target)], columns=True)
@@ -190,10 +191,8 @@ def subtraction_search(nums: Sequence[int], target: int, total: int) -> tuple[li
     first, others = nums[0], list(nums[1:])
     for size in range(1, len(others) - 1):
         for group in itertools.combinations(others, size):
-            partial = first
-            for n in group:
-                lines += step_lines([(partial, "+", n, partial + n)], columns=True)
-                partial += n
+            lines += sum_lines([first, *group])
+            partial = first + sum(group)
             if partial == half:
                 return lines, [first, *group]
             if partial == keep:
@@ -202,10 +201,22 @@ def subtraction_search(nums: Sequence[int], target: int, total: int) -> tuple[li
     return [*lines, f"No numbers add up to {half} or {keep}.", cannot], None
 
 
-def without(values: Sequence[int], taken: Sequence[int]) -> list[int]:
-    """`values` less one occurrence of each of `taken` (a puzzle may repeat a number)."""
+def sum_lines(numbers: Sequence[int]) -> list[str]:
+    """The lines that add `numbers` up from the left, each sum after its column arithmetic."""
+    steps, total = [], numbers[0]
+    for n in numbers[1:]:
+        steps.append((total, "+", n, total + n))
+        total += n
+    return step_lines(steps, columns=True)
+
+
+def without(values: Sequence, taken: Sequence) -> list:
+    """`values` less one occurrence of each of `taken` (a puzzle may repeat a number).
+    ValueError, naming the first one missing, if `values` does not hold them all."""
     rest = list(values)
     for n in taken:
+        if n not in rest:
+            raise ValueError(f"{n} is not among the numbers left {list(values)}")
         rest.remove(n)
     return rest
 
@@ -228,12 +239,10 @@ def step_lines(steps: list[Step], columns: bool, nums: Sequence[int] | None = No
 
 def numbers_after_step(left: Sequence, a: int | Fraction, b: int | Fraction, value: int | Fraction) -> list:
     """The numbers to use after a step: `a` and `b` taken out, `value` added at the end."""
-    rest = list(left)
-    for operand in (a, b):
-        if operand not in rest:
-            raise ValueError(f"step {a}, {b}: {operand} is not among the numbers left {left}")
-        rest.remove(operand)
-    return [*rest, value]
+    try:
+        return [*without(left, (a, b)), value]
+    except ValueError as e:
+        raise ValueError(f"step {a}, {b}: {e}") from None
 
 
 def column_work(a: int, op: str, b: int) -> str | None:
