@@ -64,14 +64,26 @@ def make_data(args: argparse.Namespace) -> Path:
     if not (data / countdown.TRAIN_FILE).exists() or not (data / countdown.TEST_FILE).exists():
         run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", str(args.train_size),
              "--test-size", str(args.test_size), "--seed", "0"])  # fmt: skip
+    if args.train_numbers and not train_file(args).exists():
+        rows = countdown.load_puzzles(str(data / countdown.TRAIN_FILE))
+        countdown.write_jsonl([(train_file(args), [row for row in rows if len(row["nums"]) == args.train_numbers])])
     return data
+
+
+def train_file(args: argparse.Namespace) -> Path:
+    """The puzzles a phase trains on: the train split, or with --train-numbers N only its puzzles
+    of N numbers. Why: a warm start that solves most 3-number puzzles gives GRPO groups that all
+    score alike there, which dynamic sampling drops; the held-out set stays the whole test split."""
+    if not args.train_numbers:
+        return args.work / "data" / countdown.TRAIN_FILE
+    return args.work / "data" / f"train_{args.train_numbers}nums.jsonl"
 
 
 def sft_phase(args: argparse.Namespace) -> None:
     data, model, fileroot = make_data(args), args.work / "model", args.work / "sft"
     run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
     overrides = [
-        f"actor.path={model}", f"train_dataset.path={data / countdown.TRAIN_FILE}",
+        f"actor.path={model}", f"train_dataset.path={train_file(args)}",
         f"total_train_epochs={args.sft_epochs}", f"examples_per_row={args.sft_pack}",
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
@@ -123,7 +135,7 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
         f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.train_max_new_tokens}",
         "eval_gconfig.greedy=true", f"eval_gconfig.max_new_tokens={args.max_new_tokens}",
         f"rollout.max_concurrent_rollouts={2 * args.batch * args.n_samples}",
-        f"train_dataset.path={data / countdown.TRAIN_FILE}", f"train_dataset.batch_size={args.batch}",
+        f"train_dataset.path={train_file(args)}", f"train_dataset.batch_size={args.batch}",
         f"valid_dataset.path={data / countdown.TEST_FILE}", f"valid_dataset.batch_size={args.test_size}",
         "train_dataset.pin_memory=false", "valid_dataset.pin_memory=false",
         f"total_train_epochs={epochs}", f"total_train_steps={args.grpo_steps}",
@@ -151,7 +163,7 @@ def grpo_schedule(args: argparse.Namespace) -> tuple[int, float]:
     The puzzles are counted from the train file itself: make_data keeps an existing one,
     whatever its size.
     """
-    with (args.work / "data" / countdown.TRAIN_FILE).open() as f:
+    with train_file(args).open() as f:
         steps_per_epoch = sum(1 for _ in f) // args.batch
     epochs = math.ceil(args.grpo_steps / steps_per_epoch)
     return epochs, (args.grpo_warmup + 0.5) / (epochs * steps_per_epoch)
@@ -303,6 +315,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the dev server's decoder (auto: CUDA graphs on a GPU; see dev_server/)")
     parser.add_argument("--train-size", type=int, default=250_000)
     parser.add_argument("--test-size", type=int, default=1000)
+    parser.add_argument("--train-numbers", type=int, choices=[3, 4],
+                        help="train only on the train split's puzzles with this many numbers (held-out set unchanged)")
     parser.add_argument("--sft-epochs", type=int, default=1)
     parser.add_argument("--sft-batch", type=int, default=512, help="examples per SFT step")
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")

@@ -200,10 +200,26 @@ def test_grpo_schedule_runs_the_steps_asked_with_the_warmup_asked(tmp_path, grpo
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train_e.jsonl").write_text("{}\n" * 197)  # 49 steps of 4, one puzzle left over
-    args = argparse.Namespace(work=tmp_path, batch=4, grpo_steps=grpo_steps, grpo_warmup=0)
+    args = argparse.Namespace(work=tmp_path, batch=4, grpo_steps=grpo_steps, grpo_warmup=0, train_numbers=None)
     for warmup in range(20):
         args.grpo_warmup = warmup
         got_epochs, proportion = load_learning_run().grpo_schedule(args)
         schedule = FinetuneSpec(total_train_epochs=got_epochs, dataset_size=197, train_batch_size=4)
         assert got_epochs == epochs and schedule.total_train_steps >= grpo_steps
         assert int(proportion * schedule.total_train_steps) == warmup
+
+
+def test_train_numbers_trains_on_that_size_only_and_keeps_the_held_out_set(tmp_path):
+    module = load_learning_run()
+    args = module.parse_args(["grpo", "--work", str(tmp_path), "--train-size", "400", "--test-size", "40",
+                              "--batch", "8", "--grpo-steps", "30", "--train-numbers", "4"])  # fmt: skip
+    data = module.make_data(args)
+    split = countdown.load_puzzles(str(data / countdown.TRAIN_FILE))
+    kept = countdown.load_puzzles(str(module.train_file(args)))
+    assert kept == [row for row in split if len(row["nums"]) == 4]
+    assert 0 < len(kept) < len(split)  # the split holds 3-number puzzles too
+    overrides = module.grpo_overrides(args, tmp_path / "model", tmp_path / "run")
+    assert f"train_dataset.path={module.train_file(args)}" in overrides
+    assert f"valid_dataset.path={data / countdown.TEST_FILE}" in overrides
+    epochs, _ = module.grpo_schedule(args)
+    assert epochs == -(-30 // (len(kept) // 8)) > -(-30 // (len(split) // 8))  # counted from the puzzles trained on
