@@ -8,6 +8,7 @@
 | `server_start` | a server that dies at start is waited for `setup_timeout` (300 s) | the wait ends when the server process does, naming it | `install(server_start=False)` |
 | `clean_exit` | single controller: a failed start leaves workers to a finalizer that hangs; SIGTERM skips clean-up | every exit stops the run's processes, without hanging | `install(clean_exit=False)` |
 | `progress_total` | `Train step N/M` counts M over whole epochs, though `total_train_steps` ends the run first | M is the run's real total | `install(progress_total=False)` |
+| `data_seed` | the trainers' data samplers shuffle with seed 0 whatever the config's `seed` | `seed` decides the data order (`seed: 0` is AReaL's) | `install(data_seed=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 
@@ -27,10 +28,12 @@ def install(
     server_start: bool = True,
     clean_exit: bool = True,
     progress_total: bool = True,
+    data_seed: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
     from areal_patches import clean_exit as clean_exit_module
+    from areal_patches import data_seed as data_seed_module
     from areal_patches import fast_step as fast_step_module
     from areal_patches import packed_sdpa as packed_sdpa_module
     from areal_patches import progress_total as progress_total_module
@@ -49,3 +52,5 @@ def install(
         clean_exit_module.install()
     if progress_total:
         progress_total_module.install()
+    if data_seed:
+        data_seed_module.install()

@@ -38,6 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import yaml
+
 import countdown
 from dev_server.client import http_json, serve
 from launch import training
@@ -170,8 +172,16 @@ def grpo_schedule(args: argparse.Namespace) -> tuple[int, float]:
 
 
 def server_options(args: argparse.Namespace) -> dict:
-    return dict(device=args.device, dtype=args.dtype, max_batch=1024, log_file=args.work / "server.log",
-                extra_args=["--decoder", args.decoder])
+    return dict(device=args.device, dtype=args.dtype, max_batch=1024, seed=trainer_seed(args),
+                log_file=args.work / "server.log", extra_args=["--decoder", args.decoder])
+
+
+def trainer_seed(args: argparse.Namespace) -> int:
+    """The `seed` train.py runs with: the last `--set seed=N`, else train_config.yaml's. The dev
+    server samples with it too, as AReaL's launchers start SGLang with `random_seed: ${seed}`:
+    two seeds then differ in their samples as well as in their data order."""
+    seeds = [override.split("=", 1)[1] for override in args.set if override.startswith("seed=")]
+    return int(seeds[-1]) if seeds else int(yaml.safe_load((ROOT / "train_config.yaml").read_text())["seed"])
 
 
 def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path) -> dict:

@@ -223,3 +223,15 @@ def test_train_numbers_trains_on_that_size_only_and_keeps_the_held_out_set(tmp_p
     assert f"valid_dataset.path={data / countdown.TEST_FILE}" in overrides
     epochs, _ = module.grpo_schedule(args)
     assert epochs == -(-30 // (len(kept) // 8)) > -(-30 // (len(split) // 8))  # counted from the puzzles trained on
+
+
+def test_the_dev_server_samples_with_the_trainers_seed(tmp_path):
+    module = load_learning_run()
+    import yaml
+
+    shipped = yaml.safe_load((ROOT / "train_config.yaml").read_text())["seed"]
+    args = module.parse_args(["grpo", "--work", str(tmp_path)])
+    assert module.server_options(args)["seed"] == shipped
+    args = module.parse_args(["grpo", "--work", str(tmp_path), "--set", "seed=7", "--set", "actor.optimizer.lr=1e-5",
+                              "--set", "seed=9"])  # fmt: skip
+    assert module.server_options(args)["seed"] == 9  # the last one, as the trainer's config loader reads them

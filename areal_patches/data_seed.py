@@ -1,0 +1,44 @@
+"""The config's `seed` decides the order of the training data.
+
+Upstream behaviour (areal 1.0.4): `areal.utils.dataloader.create_dataloader` builds torch's
+`DistributedSampler` without a seed, so it shuffles with torch's default, 0, whatever the
+config's `seed` says. Two GRPO or SFT runs that differ only in `seed` see the same puzzles in
+the same order, and with the same weights to start from, a "second seed" is the first run
+again, apart from timing.
+
+Effect: the samplers of PPOTrainer and SFTTrainer shuffle with `config.seed`; `seed: 0`
+gives AReaL's order. A run recovered with the same `seed` replays the same order.
+
+Off: `areal_patches.install(data_seed=False)`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch.utils.data import DistributedSampler
+
+
+def install() -> None:
+    from areal.trainer.rl_trainer import PPOTrainer
+    from areal.trainer.sft_trainer import SFTTrainer
+
+    for trainer in (PPOTrainer, SFTTrainer):
+        original = trainer._create_dataloader
+        if getattr(original, "seeds_sampler", False):
+            continue
+        trainer._create_dataloader = seeded(original)
+
+
+def seeded(create_dataloader):
+    """`create_dataloader`, with its sampler shuffling by the trainer's `config.seed`."""
+
+    @functools.wraps(create_dataloader)
+    def _create_dataloader(self, *args, **kwargs):
+        loader = create_dataloader(self, *args, **kwargs)
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.seed = self.config.seed
+        return loader
+
+    _create_dataloader.seeds_sampler = True
+    return _create_dataloader
