@@ -50,16 +50,13 @@ PUZZLES = ["--min-numbers", "2", "--max-numbers", "2", "--num-max", "50", "--tar
 TRAIN_PUZZLES, HELD_OUT = 2300, 500
 MAX_NEW_TOKENS = 72  # the longest reference completion of these puzzles is 71 tokens
 GRPO_STEPS = 50
-# sft.py on the train puzzles. One example per row: with configs/sft_warm_start.yaml's
+# sft.py on the train puzzles, in configs/sft_warm_start.yaml's data order whatever --seed says:
+# the demo was tuned in that order, and in seed 1's this short SFT gave a far weaker warm start
+# (docs/results.md, "The CPU demo learns"). One example per row: with that config's
 # packing (made for a per-row cost of the GPU machine) the tiny model learnt to copy the
 # prompt's numbers late or not at all (docs/results.md).
 SFT = ["actor.dtype=float32", "actor.optimizer.lr=3e-3", "total_train_epochs=3",
        "examples_per_row=1", "train_dataset.batch_size=16"]  # fmt: skip
-# The SFT's data order, whatever --seed says. AReaL 1.0.4 shuffled with 0 whatever the config's
-# seed (areal_patches/data_seed); the demo's settings were chosen and measured in that order,
-# and in seed 1's order this short SFT gave a far weaker warm start (docs/results.md, "The CPU
-# demo learns"), so the warm start keeps the order it was measured in.
-SFT_ORDER_SEED = 0
 # train.py, after cpu_overrides: more samples per puzzle (a spread of rewards to learn from),
 # only puzzles whose samples disagree, the whole held-out set evaluated at the middle and the
 # end only (on a CPU, evaluations take the time that GRPO steps need).
@@ -112,7 +109,7 @@ def warm_start(run_dir: Path, data_dir: Path, model_dir: Path, seed: int) -> tup
                                 "--preset", "demo", "--seed", str(seed)])  # fmt: skip
     print(f"[demo] 3/5 warm start: sft.py on the reference solutions (log: {run_dir / 'sft.log'})", flush=True)
     sft_overrides = [f"actor.path={model_dir}", f"train_dataset.path={data_dir / countdown.TRAIN_FILE}", *SFT]
-    sft_model = run_sft(run_dir / "sft", [*sft_overrides, f"seed={SFT_ORDER_SEED}"], run_dir / "sft.log")
+    sft_model = run_sft(run_dir / "sft", sft_overrides, run_dir / "sft.log")
     evaluation = run_dir / "eval_warm_start"
     run_step("4/5 held-out pass@1 of the warm start", [
         sys.executable, "evaluate.py", "--model", str(sft_model), "--data", str(data_dir / countdown.TEST_FILE),
