@@ -181,7 +181,11 @@ def trainer_seed(args: argparse.Namespace) -> int:
     server samples with it too, as AReaL's launchers start SGLang with `random_seed: ${seed}`:
     two seeds then differ in their samples as well as in their data order."""
     seeds = [override.split("=", 1)[1] for override in args.set if override.startswith("seed=")]
-    return int(seeds[-1]) if seeds else int(yaml.safe_load((ROOT / "train_config.yaml").read_text())["seed"])
+    if not seeds:
+        return int(yaml.safe_load((ROOT / "train_config.yaml").read_text())["seed"])
+    if not seeds[-1].isdigit():
+        raise ValueError(f"--set seed={seeds[-1]}: the seed must be a whole number, e.g. --set seed=2")
+    return int(seeds[-1])
 
 
 def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path) -> dict:
@@ -366,6 +370,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.sft_batch % args.sft_pack:
         parser.error(f"--sft-batch {args.sft_batch} must be a multiple of --sft-pack {args.sft_pack}")
+    try:
+        trainer_seed(args)
+    except ValueError as bad_seed:
+        parser.error(str(bad_seed))
     args.work = args.work.resolve()
     return args
 

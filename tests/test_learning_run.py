@@ -235,3 +235,6 @@ def test_the_dev_server_samples_with_the_trainers_seed(tmp_path):
     args = module.parse_args(["grpo", "--work", str(tmp_path), "--set", "seed=7", "--set", "actor.optimizer.lr=1e-5",
                               "--set", "seed=9"])  # fmt: skip
     assert module.server_options(args)["seed"] == 9  # the last one, as the trainer's config loader reads them
+    bad = learning_run("grpo", "--work", str(tmp_path), "--set", "seed=two")
+    assert bad.returncode == 2 and "--set seed=two: the seed must be a whole number" in bad.stderr.splitlines()[-1]
+    assert not (tmp_path / "data").exists()  # refused before anything was made
