@@ -42,7 +42,7 @@ import yaml
 
 import countdown
 from dev_server.client import http_json, serve
-from launch import training
+from launch import preflight, training
 
 ROOT = Path(__file__).resolve().parent.parent
 START = time.time()
@@ -176,16 +176,32 @@ def server_options(args: argparse.Namespace) -> dict:
                 log_file=args.work / "server.log", extra_args=["--decoder", args.decoder])
 
 
+def train_setting(overrides: list[str], key: str) -> object:
+    """The value train.py runs with for a dotted `key`: the last of `overrides` that sets it,
+    else train_config.yaml's. An override is read as AReaL's OmegaConf reads it, where PyYAML
+    alone would read 1e-05 as a string."""
+    text = preflight.override_value(overrides, key)
+    if text is None:
+        node = yaml.safe_load((ROOT / "train_config.yaml").read_text())
+        for part in key.split("."):
+            node = node[part]
+        return node
+    value = yaml.safe_load(text)
+    try:
+        return float(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+
+
 def trainer_seed(args: argparse.Namespace) -> int:
-    """The `seed` train.py runs with: the last `--set seed=N`, else train_config.yaml's. The dev
-    server samples with it too, as AReaL's launchers start SGLang with `random_seed: ${seed}`:
-    two seeds then differ in their samples as well as in their data order."""
-    seeds = [override.split("=", 1)[1] for override in args.set if override.startswith("seed=")]
-    if not seeds:
-        return int(yaml.safe_load((ROOT / "train_config.yaml").read_text())["seed"])
-    if not seeds[-1].isdigit():
-        raise ValueError(f"--set seed={seeds[-1]}: the seed must be a whole number, e.g. --set seed=2")
-    return int(seeds[-1])
+    """The `seed` train.py runs with. The dev server samples with it too, as AReaL's launchers
+    start SGLang with `random_seed: ${seed}`: two seeds then differ in their samples as well as
+    in their data order."""
+    seed = train_setting(args.set, "seed")
+    if type(seed) is not int or seed < 0:
+        raise ValueError(f"--set seed={preflight.override_value(args.set, 'seed')}: the seed must be "
+                         "a whole number of 0 or more, e.g. --set seed=2")
+    return seed
 
 
 def evaluate(addr: str, tokenizer: Path, args: argparse.Namespace, out_dir: Path) -> dict:

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 import trl
-import yaml
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -35,7 +34,6 @@ import evaluate
 from reward_score import compute_score
 from scripts import learning_run
 
-ROOT = Path(__file__).resolve().parent.parent
 # The AReaL settings row C takes over (train_config.yaml, then learning_run's overrides).
 KNOBS = [
     "seed", "train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens", "gconfig.temperature",
@@ -49,27 +47,8 @@ KNOBS = [
 
 def areal_knobs(lr_args: argparse.Namespace, model: Path) -> dict:
     """{dotted key: value} of KNOBS as rows A, B and D's train.py gets them."""
-    overrides = dict(o.split("=", 1) for o in learning_run.grpo_overrides(lr_args, model, lr_args.work / "grpo"))
-    config = yaml.safe_load((ROOT / "train_config.yaml").read_text())
-
-    def value(key: str):
-        if key in overrides:
-            return override_value(overrides[key])
-        node = config
-        for part in key.split("."):
-            node = node[part]
-        return node
-
-    return {key: value(key) for key in KNOBS}
-
-
-def override_value(text: str):
-    """An override's value as AReaL's OmegaConf reads it (PyYAML reads 1e-05 as a string)."""
-    value = yaml.safe_load(text)
-    try:
-        return float(value) if isinstance(value, str) else value
-    except ValueError:
-        return value
+    overrides = learning_run.grpo_overrides(lr_args, model, lr_args.work / "grpo")
+    return {key: learning_run.train_setting(overrides, key) for key in KNOBS}
 
 
 def trl_config(lr_args: argparse.Namespace, knobs: dict, out_dir: Path) -> GRPOConfig:

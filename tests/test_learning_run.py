@@ -238,3 +238,17 @@ def test_the_dev_server_samples_with_the_trainers_seed(tmp_path):
     bad = learning_run("grpo", "--work", str(tmp_path), "--set", "seed=two")
     assert bad.returncode == 2 and "--set seed=two: the seed must be a whole number" in bad.stderr.splitlines()[-1]
     assert not (tmp_path / "data").exists()  # refused before anything was made
+    negative = learning_run("grpo", "--work", str(tmp_path), "--set", "seed=-1")
+    assert negative.returncode == 2 and "--set seed=-1: the seed must be a whole number of 0 or more" in negative.stderr
+
+
+def test_train_setting_reads_the_last_override_else_train_config(tmp_path):
+    module = load_learning_run()
+    import yaml
+
+    shipped = yaml.safe_load((ROOT / "train_config.yaml").read_text())
+    overrides = ["actor.optimizer.lr=1e-5", "gconfig.n_samples=4", "+actor.optimizer.lr=3e-05"]
+    assert module.train_setting(overrides, "actor.optimizer.lr") == 3e-5  # a number, as OmegaConf reads it
+    assert module.train_setting(overrides, "gconfig.n_samples") == 4
+    assert module.train_setting(overrides, "gconfig.temperature") == shipped["gconfig"]["temperature"]
+    assert module.train_setting([], "seed") == shipped["seed"]
