@@ -257,26 +257,15 @@ def _fix_permissions(folder: Path) -> None:
         os.chmod(f, 0o666 & ~umask)
 
 
-def count_params(model) -> int:
-    # Tied embeddings are counted once.
-    return sum(p.numel() for p in model.parameters())
+def write_folder_atomically(out: Path, fill) -> None:
+    """Have ``fill(tmp)`` write a temporary sibling of ``out``, then rename it into place.
 
-
-def make_tiny_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0,
-                    verbose: bool = True) -> Path:
-    """Build tokenizer + model and write them atomically to ``out`` (replaced if present)."""
-    t0 = time.perf_counter()
-    out = Path(out).absolute()
+    An interrupted run never leaves a half-written folder at ``out``; an existing one is replaced.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(build_corpus())
-    model = build_model(tokenizer, preset=preset, seed=seed)
-    n_params = count_params(model)
-
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp, save_jinja_files=False)
-        _portable_tokenizer_config(tmp / "tokenizer_config.json")
+        fill(tmp)
         _fix_permissions(tmp)
         old = None
         if out.exists():
@@ -288,6 +277,28 @@ def make_tiny_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def count_params(model) -> int:
+    # Tied embeddings are counted once.
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_tiny_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0,
+                    verbose: bool = True) -> Path:
+    """Build tokenizer + model and write them atomically to ``out`` (replaced if present)."""
+    t0 = time.perf_counter()
+    out = Path(out).absolute()
+    tokenizer = build_tokenizer(build_corpus())
+    model = build_model(tokenizer, preset=preset, seed=seed)
+    n_params = count_params(model)
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp, save_jinja_files=False)
+        _portable_tokenizer_config(tmp / "tokenizer_config.json")
+
+    write_folder_atomically(out, fill)
     if verbose:
         print(
             f"wrote {out}: preset={preset} seed={seed} params={n_params:,} "
