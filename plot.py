@@ -10,7 +10,8 @@ step (`Train step 1/N`), which AReaL logs to TensorBoard as step 0.
 
 `--compare` draws the rows written by scripts/time_to_accuracy.py in one panel: held-out
 pass@1 against seconds of training since the first rollout, one line per row (its points,
-then its final evaluation), with the row's steps per minute in the legend.
+then its final evaluation), with the row's steps per minute in the legend. When a row C (TRL)
+is among them, it also prints how soon each row reaches C's final pass@1.
 """
 
 from __future__ import annotations
@@ -206,6 +207,41 @@ def row_seed(row: dict) -> int | None:
     return next((part["seed"] for part in row.get("settings", {}).values() if isinstance(part, dict) and "seed" in part), None)
 
 
+def row_name(row: dict) -> str:
+    seed = row_seed(row)
+    return row["row"] if seed is None else f"{row['row']} (seed {seed})"
+
+
+def seconds_to_reach(row: dict, target: float) -> float | None:
+    """Seconds until the row's held-out pass@1 first reaches ``target``, linear between its
+    evaluations; None if it never does."""
+    seconds, rates = row_curve(row)
+    if rates[0] >= target:
+        return seconds[0]
+    for (s0, r0), (s1, r1) in zip(zip(seconds, rates), zip(seconds[1:], rates[1:])):
+        if r1 >= target:
+            return s0 + (s1 - s0) * (target - r0) / (r1 - r0)
+    return None
+
+
+def speedup_table(rows: list[dict], reference: dict) -> str:
+    """How soon each row reaches the reference row's final pass@1, against the reference's whole run.
+
+    This is issue 23's measure: "A reaches C's final held-out pass@1 in at most half of C's
+    wall time"; the ratio is the reference's training seconds over the row's.
+    """
+    target, whole = reference["final"]["pass@1"]["all"], reference["final"]["seconds"]
+    lines = [f"seconds to reach {row_name(reference)}'s final held-out pass@1 ({target:.1%}; "
+             f"{row_name(reference)} trained {whole:.0f} s):",
+             "| row | steps/min | final pass@1 | seconds to reach | speed-up |", "|---|---|---|---|---|"]
+    for row in rows:
+        reached = seconds_to_reach(row, target)
+        when, ratio = ("never", "-") if reached is None else (f"{reached:.0f}", f"{whole / max(reached, 1e-9):.2f}x")
+        lines.append(f"| {row_name(row)} | {row['steps_per_minute']:.1f} | {row['final']['pass@1']['all']:.1%} "
+                     f"| {when} | {ratio} |")
+    return "\n".join(lines)
+
+
 def compare_figure(rows: list[dict]) -> Figure:
     """Held-out pass@1 against seconds since the first rollout, one line per row. The y axis
     spans the rows' values (within 0..1), so that gaps of a few points stay visible."""
@@ -214,9 +250,7 @@ def compare_figure(rows: list[dict]) -> Figure:
     longest, rates_drawn = 0.0, []
     for row in rows:
         seconds, rates = row_curve(row)
-        seed = row_seed(row)
-        name = row["row"] if seed is None else f"{row['row']} (seed {seed})"
-        label = f"{name}: {row['description']} ({row['steps_per_minute']:.1f} steps/min)"
+        label = f"{row_name(row)}: {row['description']} ({row['steps_per_minute']:.1f} steps/min)"
         ax.plot(seconds, rates, marker="o", label=label, clip_on=False)
         longest, rates_drawn = max(longest, *seconds), rates_drawn + rates
     ax.set_xlim(0, longest * 1.02)
@@ -240,6 +274,9 @@ def compare(row_files: list[Path], out: Path | None) -> int:
     out = out or row_files[0].parent / "time_to_accuracy.png"
     compare_figure(rows).savefig(out, dpi=120)
     print(f"wrote {out} ({len(rows)} rows)")
+    reference = next((row for row in rows if row["row"] == "C"), None)
+    if reference is not None:
+        print(speedup_table(rows, reference))
     return 0
 
 

@@ -1,7 +1,9 @@
 """Time to accuracy (issue 23): held-out pass@1 against seconds of training, one row per device call.
 
     python3 -m scripts.time_to_accuracy --row A|B|C|D --init WARM_START --out OUT [--seconds 450]
-        [--eval-seconds 60] [any scripts/learning_run.py option, e.g. --train-size 50000]
+        [--eval-seconds 60] [any scripts/learning_run.py option, e.g. --train-size 50000 or --set seed=2]
+
+Row C takes only `seed` of AReaL's `--set` overrides (TRL's seed, and with it TRL's data order).
 
 Every row starts from the same warm start and trains on the same train and test files
 (countdown.py, seed 0), with the same reward, prompt, group size, puzzles per step, learning
@@ -49,6 +51,7 @@ from pathlib import Path
 import yaml
 
 import plot
+from launch import preflight
 from scripts import learning_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,8 +191,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
         "--eval-seconds", str(args.eval_seconds), "--grpo-seconds", str(args.seconds + STARTUP_ALLOWANCE_S),
         *ROWS[args.row].learning_run_args, *rest,
     ])  # fmt: skip
-    if args.row == "C" and lr_args.set:
-        parser.error(f"row C runs TRL: AReaL overrides (--set {' '.join(lr_args.set)}) do not apply")
+    not_for_trl = [s for s in lr_args.set if preflight.key_of_override(s) != "seed"]
+    if args.row == "C" and not_for_trl:
+        parser.error(f"row C runs TRL: of AReaL's overrides it takes only seed; --set {' '.join(not_for_trl)} "
+                     "would not apply")
     return args, lr_args
 
 

@@ -226,3 +226,22 @@ def test_a_run_folder_or_rows_but_not_both(tmp_path):
     for argv in ([], [str(tmp_path), "--compare", str(tmp_path / "row_A.json")]):
         with pytest.raises(SystemExit):
             plot.main(argv)
+
+
+def test_seconds_to_reach_interpolates_between_evaluations(tmp_path):
+    row = json.loads(row_file(tmp_path, "A", [(0.0, 0.30), (60.0, 0.40), (120.0, 0.50)], (400.0, 0.45), 6.0).read_text())
+    assert plot.seconds_to_reach(row, 0.45) == pytest.approx(90.0)
+    assert plot.seconds_to_reach(row, 0.30) == 0.0
+    assert plot.seconds_to_reach(row, 0.51) is None
+
+
+def test_compare_prints_how_soon_each_row_reaches_trls_final(tmp_path, capsys):
+    rows = [row_file(tmp_path, "D", [(0.0, 0.35), (60.0, 0.40), (120.0, 0.46)], (390.0, 0.5), 10.6),
+            row_file(tmp_path, "A", [(0.0, 0.35), (300.0, 0.37)], (390.0, 0.40), 6.2),
+            row_file(tmp_path, "C", [(0.0, 0.35), (200.0, 0.44)], (390.0, 0.43), 7.7)]  # fmt: skip
+    assert plot.main(["--compare", *map(str, rows), "--out", str(tmp_path / "tta.png")]) == 0
+    out = capsys.readouterr().out
+    assert "C's final held-out pass@1 (43.0%; C trained 390 s)" in out
+    assert "| D | 10.6 | 50.0% | 90 | 4.33x |" in out  # 0.43 is reached half-way from 60 s to 120 s
+    assert "| A | 6.2 | 40.0% | never | - |" in out
+    assert "| C | 7.7 | 43.0% | 178 | 2.19x |" in out  # C itself first passed its final before the end

@@ -53,7 +53,7 @@ def check_common_fields(record: dict, row: str, seconds: float) -> None:
 @pytest.mark.timeout(300)
 def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, tmp_path):
     record = run_row("C", tiny_model_dir, tmp_path, "--seconds", "8", "--eval-seconds", "2", "--max-new-tokens",
-                     "16", "--train-max-new-tokens", "16", "--trl-eval-batch", "4")  # fmt: skip
+                     "16", "--train-max-new-tokens", "16", "--trl-eval-batch", "4", "--set", "seed=7")  # fmt: skip
     check_common_fields(record, "C", 8)
     assert record["framework"] == "TRL 1.16.0"
     assert record["optimizer_steps"] == 2 * record["steps"]  # two minibatches per batch, as AReaL's
@@ -62,7 +62,7 @@ def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, 
     assert (trl["learning_rate"], trl["num_generations"], trl["max_completion_length"]) == (1e-5, 2, 16)
     assert (trl["generation_batch_size"], trl["steps_per_generation"], trl["per_device_train_batch_size"]) == (8, 2, 4)
     assert (trl["beta"], trl["epsilon"], trl["loss_type"], trl["scale_rewards"]) == (0.0, 0.2, "dapo", "group")
-    assert (trl["warmup_steps"], trl["weight_decay"], trl["max_grad_norm"], trl["seed"]) == (6, 0.01, 1.0, 1)
+    assert (trl["warmup_steps"], trl["weight_decay"], trl["max_grad_norm"], trl["seed"]) == (6, 0.01, 1.0, 7)
     assert record["settings"]["learning_run"]["grpo_lr"] == 1e-5
     assert record["settings"]["areal_knobs"]["actor.optimizer.lr"] == 1e-5
     assert {"schedule", "dynamic sampling", "advantages", "loss aggregation", "KL"} <= set(record["differences"])
@@ -94,8 +94,9 @@ def test_rows_differ_only_as_issue_23_says(tmp_path):
     assert rows["D"] == {**rows["A"], "decoder": "static", "work": rows["D"]["work"]}
     assert rows["C"]["set"] == [] and rows["A"]["eval_seconds"] == 60
     assert rows["A"]["grpo_seconds"] == 450 + tta.STARTUP_ALLOWANCE_S  # Deadline stops it at 450 s
+    assert tta.parse_args(["--row", "C", *common, "--set", "seed=3"])[1].set == ["seed=3"]  # TRL's seed
     with pytest.raises(SystemExit):
-        tta.parse_args(["--row", "C", *common, "--set", "seed=3"])
+        tta.parse_args(["--row", "C", *common, "--set", "seed=3", "actor.optimizer.lr=1e-4"])
 
 
 def write_steps(folder: Path, steps: dict[int, tuple[float, dict[str, float]]]) -> None:
