@@ -18,6 +18,7 @@ else, as at inference.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ if __name__ == "__main__":  # a mistake costs one line, not the slow imports bel
 
     preflight.check_trainer_command("sft.py", sys.argv[1:], ("train_dataset.path",))
 
+import torch
 from datasets import Dataset
 
 import countdown
@@ -112,11 +114,34 @@ class WarmStartConfig(SFTConfig):
         metadata={"help": "find a + and - solution by arithmetic (countdown.signs_completion); "
                   "the three options above must stay off"},
     )  # fmt: skip
+    deterministic: bool = field(
+        default=False,
+        metadata={"help": "deterministic CUDA kernels: the same command on the same GPU and software "
+                  "writes the same weights, a little slower (use_deterministic_kernels)"},
+    )  # fmt: skip
+
+
+def use_deterministic_kernels() -> None:
+    """Make the GPU's reductions add in a fixed order.
+
+    Why: with the data order, seed and initial weights all fixed, two runs of the warm start still
+    drift apart on a GPU, because flash attention's backward and cuBLAS's split reductions add
+    in whatever order their threads finish, and the drift decides how soon the loss leaves its
+    early plateau (docs/results.md, "Reproducibility of the warm start"). Not warn_only:
+    PyTorch's flash attention takes its deterministic backward only then, and an op that has
+    no deterministic version stops the run with its name instead of drifting quietly.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def main(argv: list[str]) -> None:
     areal_patches.install(weight_push=False, fast_step=False)  # no rollouts; SFTTrainer's LM engine
     config, _ = config_errors.load_config(argv, WarmStartConfig, "sft.py")
+    if config.deterministic:
+        use_deterministic_kernels()
+        print("[sft] deterministic kernels: torch.use_deterministic_algorithms(True), "
+              f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}", flush=True)  # fmt: skip
     if not 0 <= config.retry_probability <= 1:
         preflight.exit_bad_input("sft.py", f"retry_probability={config.retry_probability}: give a probability from 0 to 1")
     if config.signs and (config.retry_probability or config.column_work or config.numbers_left):

@@ -37,9 +37,12 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     assert record["settings"]["sft_epochs"] == 1 and record["sft_seconds"] > 0
     assert set(record["pass@1"]) == {"all", "3 numbers", "4 numbers"}
     assert record["exact_steps"] is None or 0.0 <= record["exact_steps"] <= 1.0
-    # --sft-set reaches sft.py: its micro-batches hold at most the 4096 tokens asked for (~14.6k without)
-    micro_batches = [json.loads(m) for m in re.findall(r"Microbatch #tokens \(rank 0\): (\[[\d, ]+\])", (work / "sft.log").read_text())]
+    # --sft-set reaches sft.py: its micro-batches hold at most the 4096 tokens asked for (~14.6k without),
+    # and configs/sft_warm_start.yaml's deterministic kernels are on (on CPU the same weights either way)
+    sft_log = (work / "sft.log").read_text()
+    micro_batches = [json.loads(m) for m in re.findall(r"Microbatch #tokens \(rank 0\): (\[[\d, ]+\])", sft_log)]
     assert micro_batches and all(len(mb) > 1 and max(mb) <= 4096 for mb in micro_batches)
+    assert "[sft] deterministic kernels: torch.use_deterministic_algorithms(True), CUBLAS_WORKSPACE_CONFIG=:4096:8" in sft_log
     scratch = load_file(work / "model" / "model.safetensors")
     tuned = load_file(warm_start / "model.safetensors")
     assert any(not scratch[name].equal(tuned[name]) for name in scratch)  # SFT changed the weights
