@@ -124,12 +124,14 @@ class WarmStartConfig(SFTConfig):
 def use_deterministic_kernels() -> None:
     """Make the GPU's reductions add in a fixed order.
 
-    Why: with the data order, seed and initial weights all fixed, two runs of the warm start still
-    drift apart on a GPU, because flash attention's backward and cuBLAS's split reductions add
-    in whatever order their threads finish, and the drift decides how soon the loss leaves its
-    early plateau (docs/results.md, "Reproducibility of the warm start"). Not warn_only:
-    PyTorch's flash attention takes its deterministic backward only then, and an op that has
-    no deterministic version stops the run with its name instead of drifting quietly.
+    Why: with the data order, seed and initial weights all fixed, two runs of the warm start
+    still drift apart on a GPU, because some kernels (flash attention's backward among them)
+    add with atomics, in whatever order their threads finish. The drift can move the step
+    where the loss leaves its early plateau, and with it the warm start's accuracy
+    (docs/results.md, "Reproducibility of the warm start"). Not warn_only: PyTorch's flash
+    attention takes its deterministic backward only then, and an op that has no deterministic
+    version stops the run with its name instead of drifting quietly. cuBLAS needs the fixed
+    workspace for the same guarantee.
     """
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
