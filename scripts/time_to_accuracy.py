@@ -191,8 +191,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
         "--eval-seconds", str(args.eval_seconds), "--grpo-seconds", str(args.seconds + STARTUP_ALLOWANCE_S),
         *ROWS[args.row].learning_run_args, *rest,
     ])  # fmt: skip
-    not_for_trl = [s for s in lr_args.set if preflight.key_of_override(s) != "seed"]
-    if args.row == "C" and not_for_trl:
+    not_for_trl = [s for s in lr_args.set if preflight.key_of_override(s) != "seed"] if args.row == "C" else []
+    if not_for_trl:
         parser.error(f"row C runs TRL: of AReaL's overrides it takes only seed; --set {' '.join(not_for_trl)} "
                      "would not apply")
     return args, lr_args

@@ -86,7 +86,7 @@ def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_d
         assert (tmp_path / "out" / "row_A" / name).stat().st_size > 0
 
 
-def test_rows_differ_only_as_issue_23_says(tmp_path):
+def test_rows_differ_only_as_issue_23_says(tmp_path, capsys):
     common = ["--init", str(tmp_path), "--out", str(tmp_path)]
     rows = {row: vars(tta.parse_args(["--row", row, *common])[1]) for row in "ABCD"}
     assert rows["A"]["decoder"] == "hf" and rows["A"]["set"] == []
@@ -96,7 +96,8 @@ def test_rows_differ_only_as_issue_23_says(tmp_path):
     assert rows["A"]["grpo_seconds"] == 450 + tta.STARTUP_ALLOWANCE_S  # Deadline stops it at 450 s
     assert tta.parse_args(["--row", "C", *common, "--set", "seed=3"])[1].set == ["seed=3"]  # TRL's seed
     with pytest.raises(SystemExit):
-        tta.parse_args(["--row", "C", *common, "--set", "seed=3", "actor.optimizer.lr=1e-4"])
+        tta.parse_args(["--row", "C", *common, "--set", "seed=3", "--set", "actor.optimizer.lr=1e-4"])
+    assert "of AReaL's overrides it takes only seed; --set actor.optimizer.lr=1e-4 would not apply" in capsys.readouterr().err
 
 
 def write_steps(folder: Path, steps: dict[int, tuple[float, dict[str, float]]]) -> None:
