@@ -245,3 +245,18 @@ def test_compare_prints_how_soon_each_row_reaches_trls_final(tmp_path, capsys):
     assert "| D | 10.6 | 50.0% | 90 | 4.33x |" in out  # 0.43 is reached half-way from 60 s to 120 s
     assert "| A | 6.2 | 40.0% | never | - |" in out
     assert "| C | 7.7 | 43.0% | 178 | 2.19x |" in out  # C itself first passed its final before the end
+
+
+
+def test_with_several_runs_of_c_the_bar_is_their_mean(tmp_path, capsys):
+    rows = []
+    for seed, final in [(1, (380.0, 0.42)), (2, (400.0, 0.44))]:
+        path = row_file(tmp_path, "C", [(0.0, 0.35), (300.0, 0.40)], final, 8.0)
+        rows.append(path.rename(tmp_path / f"row_C_seed{seed}.json"))
+        rows[-1].write_text(json.dumps({**json.loads(rows[-1].read_text()), "settings": {"trl": {"seed": seed}}}))
+    rows.append(row_file(tmp_path, "D", [(0.0, 0.35), (100.0, 0.41), (200.0, 0.45)], (390.0, 0.46), 10.5))
+    assert plot.main(["--compare", *map(str, rows), "--out", str(tmp_path / "tta.png")]) == 0
+    out = capsys.readouterr().out
+    assert "C (mean of 2 runs)'s final held-out pass@1 (43.0%; C (mean of 2 runs) trained 390 s)" in out
+    assert "| D | 10.5 | 46.0% | 150 | 2.60x |" in out  # 0.43 is reached half-way from 100 s to 200 s
+    assert "| C (seed 1) | 8.0 | 42.0% | never | - |" in out
