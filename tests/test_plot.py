@@ -165,15 +165,17 @@ def test_noisy_metric_gets_a_smoothed_line_over_its_points(tmp_path, monkeypatch
     assert max(smoothed.get_ydata()) <= max(raw.get_ydata())
 
 
-def row_file(tmp_path, row, points, final, steps_per_minute):
-    """A row as scripts/time_to_accuracy.py writes it (the fields plot.py reads)."""
+def row_file(tmp_path, row, points, final, steps_per_minute, settings=None, name=None):
+    """A row as scripts/time_to_accuracy.py writes it (the fields plot.py reads), in row_X.json or ``name``."""
     record = {
         "row": row, "description": f"row {row}", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25T10:00:00+00:00",
         "steps_per_minute": steps_per_minute,
         "points": [{"seconds": s, "step": i, "pass@1": v} for i, (s, v) in enumerate(points)],
         "final": {"seconds": final[0], "step": 99, "pass@1": {"all": final[1], "3 numbers": 0.6, "4 numbers": 0.3}},
     }  # fmt: skip
-    path = tmp_path / f"row_{row}.json"
+    if settings is not None:
+        record["settings"] = settings
+    path = tmp_path / (name or f"row_{row}.json")
     path.write_text(json.dumps(record))
     return path
 
@@ -203,9 +205,7 @@ def test_compare_names_the_seed_of_each_row(tmp_path):
     rows = []
     for name, settings in [("A", {"learning_run": {"decoder": "hf"}, "areal": {"seed": 1}}),
                            ("C", {"areal_knobs": {"seed": 1}, "trl": {"seed": 1}}), ("D", {"areal": {"seed": 2}})]:  # fmt: skip
-        path = row_file(tmp_path, name, [(0.0, 0.0), (60.0, 1.0)], (450.0, 1.0), 10.0)
-        path.write_text(json.dumps({**json.loads(path.read_text()), "settings": settings}))
-        rows.append(json.loads(path.read_text()))
+        rows.append(json.loads(row_file(tmp_path, name, [(0.0, 0.0), (60.0, 1.0)], (450.0, 1.0), 10.0, settings).read_text()))
     ax = plot.compare_figure(rows).axes[0]
     assert [text.get_text().split(":")[0] for text in ax.get_legend().get_texts()] == ["A (seed 1)", "C (seed 1)", "D (seed 2)"]
     assert ax.get_ylim() == (0.0, 1.0)  # a rate's range is never left
@@ -247,13 +247,9 @@ def test_compare_prints_how_soon_each_row_reaches_trls_final(tmp_path, capsys):
     assert "| C | 7.7 | 43.0% | 178 | 2.19x |" in out  # C itself first passed its final before the end
 
 
-
 def test_with_several_runs_of_c_the_bar_is_their_mean(tmp_path, capsys):
-    rows = []
-    for seed, final in [(1, (380.0, 0.42)), (2, (400.0, 0.44))]:
-        path = row_file(tmp_path, "C", [(0.0, 0.35), (300.0, 0.40)], final, 8.0)
-        rows.append(path.rename(tmp_path / f"row_C_seed{seed}.json"))
-        rows[-1].write_text(json.dumps({**json.loads(rows[-1].read_text()), "settings": {"trl": {"seed": seed}}}))
+    rows = [row_file(tmp_path, "C", [(0.0, 0.35), (300.0, 0.40)], final, 8.0, {"trl": {"seed": seed}}, f"row_C_seed{seed}.json")
+            for seed, final in [(1, (380.0, 0.42)), (2, (400.0, 0.44))]]  # fmt: skip
     rows.append(row_file(tmp_path, "D", [(0.0, 0.35), (100.0, 0.41), (200.0, 0.45)], (390.0, 0.46), 10.5))
     assert plot.main(["--compare", *map(str, rows), "--out", str(tmp_path / "tta.png")]) == 0
     out = capsys.readouterr().out
