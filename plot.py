@@ -268,11 +268,30 @@ def compare_figure(rows: list[dict]) -> Figure:
     return fig
 
 
+ROW_FIELDS = ("row", "description", "device", "date", "steps_per_minute", "points", "final")
+
+
+def read_row(path: Path) -> dict:
+    """A row file of scripts/time_to_accuracy.py; ValueError naming the file when it cannot be
+    read, is not JSON or lacks a field the figure and the table use."""
+    try:
+        row = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read a row: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"{path}: not a JSON row file ({e}); write it again with "
+                         "python3 -m scripts.time_to_accuracy") from e  # fmt: skip
+    missing = [field for field in ROW_FIELDS if not isinstance(row, dict) or field not in row]
+    if missing:
+        raise ValueError(f"{path}: not a row of scripts/time_to_accuracy.py (no {', '.join(missing)})")
+    return row
+
+
 def compare(row_files: list[Path], out: Path | None) -> int:
     try:
-        rows = [json.loads(path.read_text()) for path in row_files]
-    except (OSError, ValueError) as e:
-        print(f"plot.py: cannot read a row: {e}", file=sys.stderr)
+        rows = [read_row(path) for path in row_files]
+    except ValueError as e:
+        print(f"plot.py: {e}", file=sys.stderr)
         return 2
     out = out or row_files[0].parent / "time_to_accuracy.png"
     compare_figure(rows).savefig(out, dpi=120)

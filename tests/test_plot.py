@@ -222,6 +222,25 @@ def test_compare_with_an_unreadable_row_exits_2(tmp_path, capsys):
     assert "cannot read a row" in capsys.readouterr().err
 
 
+def test_compare_names_a_row_file_that_is_cut_short_and_writes_nothing(tmp_path, capsys):
+    good = row_file(tmp_path, "C", [(0.0, 0.35)], (400.0, 0.43), 8.0)
+    cut = tmp_path / "row_A.json"
+    cut.write_text(row_file(tmp_path, "A", [(0.0, 0.35)], (390.0, 0.45), 6.0).read_text()[:60])
+    assert plot.main(["--compare", str(good), str(cut), "--out", str(tmp_path / "tta.png")]) == 2
+    err = capsys.readouterr().err
+    assert str(cut) in err and "not a JSON row file" in err and "scripts.time_to_accuracy" in err
+    assert not (tmp_path / "tta.png").exists()
+
+
+def test_compare_names_the_fields_a_row_lacks(tmp_path, capsys):
+    other = tmp_path / "results.json"
+    other.write_text(json.dumps({"row": "A", "points": []}))
+    assert plot.main(["--compare", str(other), "--out", str(tmp_path / "tta.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"{other}: not a row of scripts/time_to_accuracy.py" in err
+    assert "description, device, date, steps_per_minute, final" in err
+
+
 def test_a_run_folder_or_rows_but_not_both(tmp_path):
     for argv in ([], [str(tmp_path), "--compare", str(tmp_path / "row_A.json")]):
         with pytest.raises(SystemExit):
