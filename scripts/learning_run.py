@@ -226,11 +226,17 @@ def pass_at_1(report: dict) -> dict[str, float]:
     return {"all": report["overall"]["pass@1"], **by_count}
 
 
-def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) -> None:
-    """Evaluate, train, evaluate; `stop`, set by another thread, ends training early."""
+def warm_start_model(args: argparse.Namespace) -> Path:
+    """The model GRPO starts from (--init, else WORK/warm_start); SystemExit saying what to do when it is missing."""
     model = (args.init or args.work / "warm_start").resolve()
     if not (model / "config.json").exists():
         raise SystemExit(f"no warm-started model at {model}: run the sft phase first, or pass --init")
+    return model
+
+
+def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) -> None:
+    """Evaluate, train, evaluate; `stop`, set by another thread, ends training early."""
+    model = warm_start_model(args)
     make_data(args)
     run_dir = args.work / "grpo"
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -199,6 +199,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
 
 
 def run_row(args: argparse.Namespace, lr_args: argparse.Namespace, command: str) -> dict:
+    learning_run.warm_start_model(lr_args)  # before the data and TRL's or AReaL's start-up
     learning_run.make_data(lr_args)
     if args.row == "C":
         from scripts import trl_row  # TRL only here: it need not be installed for rows A, B and D

@@ -100,6 +100,15 @@ def test_rows_differ_only_as_issue_23_says(tmp_path, capsys):
     assert "of AReaL's overrides it takes only seed; --set actor.optimizer.lr=1e-4 would not apply" in capsys.readouterr().err
 
 
+def test_a_row_without_its_warm_start_stops_before_making_data(tmp_path):
+    for row in "AC":
+        args, lr_args = tta.parse_args(["--row", row, "--init", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"),
+                                        "--work", str(tmp_path / row)])  # fmt: skip
+        with pytest.raises(SystemExit, match="no warm-started model at .*nowhere: run the sft phase first, or pass --init"):
+            tta.run_row(args, lr_args, "python3 -m scripts.time_to_accuracy")
+        assert not (tmp_path / row / "data").exists()
+
+
 def write_steps(folder: Path, steps: dict[int, tuple[float, dict[str, float]]]) -> None:
     """Event files as AReaL's StatsLogger writes them: {step: (wall time, {tag: value})}."""
     with SummaryWriter(str(folder)) as writer:
