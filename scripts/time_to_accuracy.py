@@ -30,7 +30,9 @@ trainer's start-up (~35 s on the GPU machine) is not on the clock.
 Writes OUT/row_<X>.json: the row, its settings (every knob: learning_run's, and AReaL's
 resolved config or TRL's GRPOConfig), device, date, steps, seconds per step and its parts,
 the (seconds, pass@1) points and the final pass@1 overall and by number count; for A, B and
-D also the run's logs in OUT/row_<X>/. `python3 plot.py --compare OUT/row_*.json` draws the rows.
+D also the run's logs in OUT/row_<X>/. With --set seed=N other than train_config.yaml's, the
+names are row_<X>_seed<N>.json and row_<X>_seed<N>/. `python3 plot.py --compare
+OUT/row_*.json` draws the rows.
 """
 
 from __future__ import annotations
@@ -220,6 +222,15 @@ def run_row(args: argparse.Namespace, lr_args: argparse.Namespace, command: str)
     }
 
 
+def row_file_stem(row: str, lr_args: argparse.Namespace) -> str:
+    """row_<X>, or row_<X>_seed<N> for a seed other than train_config.yaml's: several seeds of a
+    row can then share one --out folder (and `plot.py --compare OUT/row_*.json`) without
+    overwriting each other."""
+    seed = learning_run.trainer_seed(lr_args)
+    default = learning_run.train_setting([], "seed")
+    return f"row_{row}" if seed == default else f"row_{row}_seed{seed}"
+
+
 def main() -> None:
     argv = sys.argv[1:]
     args, lr_args = parse_args(argv)
@@ -228,12 +239,13 @@ def main() -> None:
     # `timeout` on the GPU machine sends SIGTERM: stop the trainer and the server cleanly and
     # still copy the logs written so far.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stem = row_file_stem(args.row, lr_args)
     try:
         record = run_row(args, lr_args, shlex.join(["python3", "-m", "scripts.time_to_accuracy", *argv]))
     finally:
         if args.row != "C":
-            learning_run.copy_outputs(lr_args.work, args.out / f"row_{args.row}")
-    path = args.out / f"row_{args.row}.json"
+            learning_run.copy_outputs(lr_args.work, args.out / stem)
+    path = args.out / f"{stem}.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     final = record["final"]["pass@1"]
     print(f"[time_to_accuracy] row {args.row}: {record['steps']} steps in {record['training_seconds']} s, "

@@ -27,12 +27,13 @@ TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-siz
        "--batch", "4", "--n-samples", "2"]  # fmt: skip
 
 
-def run_row(row: str, model: Path, tmp_path: Path, *args: str) -> dict:
+def run_row(row: str, model: Path, tmp_path: Path, *args: str, name: str) -> dict:
+    """Run one row at toy size; its record, read from OUT/`name`.json."""
     cmd = [sys.executable, "-m", "scripts.time_to_accuracy", "--row", row, "--init", str(model),
            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *TOY, *args]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((tmp_path / "out" / f"row_{row}.json").read_text())
+    return json.loads((tmp_path / "out" / f"{name}.json").read_text())
 
 
 def check_common_fields(record: dict, row: str, seconds: float) -> None:
@@ -53,7 +54,8 @@ def check_common_fields(record: dict, row: str, seconds: float) -> None:
 @pytest.mark.timeout(300)
 def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, tmp_path):
     record = run_row("C", tiny_model_dir, tmp_path, "--seconds", "8", "--eval-seconds", "2", "--max-new-tokens",
-                     "16", "--train-max-new-tokens", "16", "--trl-eval-batch", "4", "--set", "seed=7")  # fmt: skip
+                     "16", "--train-max-new-tokens", "16", "--trl-eval-batch", "4", "--set", "seed=7",
+                     name="row_C_seed7")  # fmt: skip
     check_common_fields(record, "C", 8)
     assert record["framework"] == "TRL 1.16.0"
     assert record["optimizer_steps"] == 2 * record["steps"]  # two minibatches per batch, as AReaL's
@@ -73,7 +75,7 @@ def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, 
 def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_dir, tmp_path):
     record = run_row("A", tiny_model_dir, tmp_path, "--seconds", "15", "--eval-seconds", "4",
                      "--max-new-tokens", "24", "--train-max-new-tokens", "24", "--no-skip-uniform-groups",
-                     "--set", "seed=9137")  # fmt: skip
+                     "--set", "seed=9137", name="row_A_seed9137")  # fmt: skip
     check_common_fields(record, "A", 15)
     assert record["framework"] == "AReaL 1.0.4"
     assert {"rollout", "train_step", "update_weights", "eval"} <= set(record["seconds_per_step"])
@@ -83,7 +85,7 @@ def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_d
     assert areal["rollout"]["max_head_offpolicyness"] == 2  # asynchronous, as shipped
     assert record["settings"]["learning_run"]["decoder"] == "hf"
     for name in ("train.log", "server.log", "eval_after.md"):
-        assert (tmp_path / "out" / "row_A" / name).stat().st_size > 0
+        assert (tmp_path / "out" / "row_A_seed9137" / name).stat().st_size > 0
 
 
 def test_rows_differ_only_as_issue_23_says(tmp_path, capsys):
@@ -98,6 +100,13 @@ def test_rows_differ_only_as_issue_23_says(tmp_path, capsys):
     with pytest.raises(SystemExit):
         tta.parse_args(["--row", "C", *common, "--set", "seed=3", "--set", "actor.optimizer.lr=1e-4"])
     assert "of AReaL's overrides it takes only seed; --set actor.optimizer.lr=1e-4 would not apply" in capsys.readouterr().err
+
+
+def test_a_seed_other_than_the_configs_gets_its_own_row_file(tmp_path):
+    common = ["--init", str(tmp_path), "--out", str(tmp_path)]
+    runs = [("A", []), ("D", ["--set", "seed=1"]), ("D", ["--set", "seed=3"]), ("C", ["--set", "seed=2"])]
+    names = [tta.row_file_stem(row, tta.parse_args(["--row", row, *common, *extra])[1]) for row, extra in runs]
+    assert names == ["row_A", "row_D", "row_D_seed3", "row_C_seed2"]
 
 
 def test_a_row_without_its_warm_start_stops_before_making_data(tmp_path):
