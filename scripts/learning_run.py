@@ -250,6 +250,9 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
         stopped = training.launch_trainer(run_dir, grpo_overrides(args, model, run_dir), addr,
                                       args.work / "train.log", time_limit=args.grpo_seconds, stop=stop)
         grpo_seconds = time.time() - start
+        # Kept before the last evaluation: a call whose `timeout` ends during it still leaves
+        # the model for the next call's --init.
+        saved_step = keep_final_model(run_dir, args.work / "final_model") if args.save_every else None
         before = evaluation.result()
         if stopped:  # the stopped trainer may have left the server paused, or busy with its rollouts
             http_json(addr, "/abort_request", {"abort_all": True})
@@ -258,7 +261,6 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
         after = evaluate(addr, model, args, args.work / "eval_after")
     run([sys.executable, "plot.py", str(run_dir / "logs" / "tensorboard"), "--out", str(args.work / "curves.png")])
     warm_start = warm_start_record(model)
-    saved_step = keep_final_model(run_dir, args.work / "final_model") if args.save_every else None
     results = {
         "model": model_summary(model),
         "device": device_name(args.device),
@@ -293,7 +295,9 @@ def keep_final_model(run_dir: Path, dest: Path) -> int | None:
         print(f"[learn] no model to go on from: {missing} (the run ended before step --save-every)", flush=True)
         return None
     shutil.copytree(saved, dest)
-    return training.saved_global_step(saved) + 1
+    step = training.saved_global_step(saved) + 1
+    print(f"[learn {time.time() - START:.0f} s] kept step {step}'s model in {dest}", flush=True)
+    return step
 
 
 def steps_done(train_log: Path) -> int:
