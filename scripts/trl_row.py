@@ -260,7 +260,7 @@ def run(lr_args: argparse.Namespace, seconds: float, eval_seconds: float, eval_b
     """Train row C for `seconds` from the first rollout; its part of the row's record."""
     if lr_args.device == "cpu":  # as the dev server: a small model on shared cores runs far faster on one thread
         torch.set_num_threads(1)
-    model = lr_args.init.resolve()
+    model = learning_run.warm_start_model(lr_args)
     data = lr_args.work / "data"
     knobs = areal_knobs(lr_args, model)
     config = trl_config(lr_args, knobs, lr_args.work / "trl")
