@@ -201,7 +201,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
 
 
 def run_row(args: argparse.Namespace, lr_args: argparse.Namespace, command: str) -> dict:
-    learning_run.warm_start_model(lr_args)  # before the data and TRL's or AReaL's start-up
     learning_run.make_data(lr_args)
     if args.row == "C":
         from scripts import trl_row  # TRL only here: it need not be installed for rows A, B and D
@@ -234,6 +233,7 @@ def row_file_stem(row: str, lr_args: argparse.Namespace) -> str:
 def main() -> None:
     argv = sys.argv[1:]
     args, lr_args = parse_args(argv)
+    learning_run.warm_start_model(lr_args)  # before any folder, the data, and TRL's or AReaL's start-up
     lr_args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     # `timeout` on the GPU machine sends SIGTERM: stop the trainer and the server cleanly and

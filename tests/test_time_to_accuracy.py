@@ -109,13 +109,14 @@ def test_a_seed_other_than_the_configs_gets_its_own_row_file(tmp_path):
     assert names == ["row_A", "row_D", "row_D_seed3", "row_C_seed2"]
 
 
-def test_a_row_without_its_warm_start_stops_before_making_data(tmp_path):
+def test_a_row_without_its_warm_start_stops_before_making_anything(tmp_path):
     for row in "AC":
-        args, lr_args = tta.parse_args(["--row", row, "--init", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"),
-                                        "--work", str(tmp_path / row)])  # fmt: skip
-        with pytest.raises(SystemExit, match="no warm-started model at .*nowhere: run the sft phase first, or pass --init"):
-            tta.run_row(args, lr_args, "python3 -m scripts.time_to_accuracy")
-        assert not (tmp_path / row / "data").exists()
+        cmd = [sys.executable, "-m", "scripts.time_to_accuracy", "--row", row, "--init", str(tmp_path / "nowhere"),
+               "--out", str(tmp_path / "out"), "--work", str(tmp_path / row)]  # fmt: skip
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1
+        assert "no warm-started model at " in run.stderr and "nowhere: run the sft phase first, or pass --init" in run.stderr
+        assert not (tmp_path / row).exists() and not (tmp_path / "out").exists()  # no data, no empty folders
 
 
 def write_steps(folder: Path, steps: dict[int, tuple[float, dict[str, float]]]) -> None:
