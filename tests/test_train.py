@@ -234,7 +234,6 @@ def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_d
         assert {0, 1} | {n - 1 for n in resumed} <= logged
 
 
-
 def test_a_kl_penalty_runs_the_reference_model(tiny_model_dir, data_dir, tmp_path):
     """actor.kl_ctl > 0 (train_config.yaml ships 0) has AReaL load the `ref` model beside the
     actor and take a KL penalty off the rewards. The ref starts from the same weights, so the
@@ -249,6 +248,7 @@ def test_a_kl_penalty_runs_the_reference_model(tiny_model_dir, data_dir, tmp_pat
     penalty = scalars["ppo_actor/kl_rewards/avg"]
     assert abs(penalty[0]) < 1e-6
     assert abs(penalty[2]) > 1e-4
+
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL torchrun and its workers at once, like a machine failing (torchrun gets no
