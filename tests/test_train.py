@@ -234,22 +234,6 @@ def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_d
         assert {0, 1} | {n - 1 for n in resumed} <= logged
 
 
-def test_a_kl_penalty_runs_the_reference_model(tiny_model_dir, data_dir, tmp_path):
-    """actor.kl_ctl > 0 (train_config.yaml ships 0) has AReaL load the `ref` model beside the
-    actor and take a KL penalty off the rewards. The ref starts from the same weights, so the
-    penalty is zero at the first step and appears once the actor has moved: a ref that loaded
-    other weights, or computed log-probs differently from the actor, fails the first check."""
-    run_dir = tmp_path / "run"
-    overrides = train_overrides(run_dir, tiny_model_dir, data_dir, 3) + ["actor.kl_ctl=0.1"]
-    with serve(str(tiny_model_dir), log_file=tmp_path / "server.log") as addr:
-        training.launch_trainer(run_dir, overrides, addr, run_dir / "train.log")
-    scalars = plot.load_run(run_dir / "logs" / "tensorboard")
-    assert sorted(scalars["timeperf/ref_logp"]) == [0, 1, 2]
-    penalty = scalars["ppo_actor/kl_rewards/avg"]
-    assert abs(penalty[0]) < 1e-6
-    assert abs(penalty[2]) > 1e-4
-
-
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL torchrun and its workers at once, like a machine failing (torchrun gets no
     chance to stop the workers, which run in process groups of their own)."""
@@ -271,6 +255,22 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float) -> None:
         assert proc.poll() is None, "trainer exited before the awaited step"
         assert time.time() < deadline, "trainer too slow"
         time.sleep(0.5)
+
+
+def test_a_kl_penalty_runs_the_reference_model(tiny_model_dir, data_dir, tmp_path):
+    """actor.kl_ctl > 0 (train_config.yaml ships 0) has AReaL load the `ref` model beside the
+    actor and take a KL penalty off the rewards. The ref starts from the same weights, so the
+    penalty is zero at the first step and appears once the actor has moved: a ref that loaded
+    other weights, or computed log-probs differently from the actor, fails the first check."""
+    run_dir = tmp_path / "run"
+    overrides = train_overrides(run_dir, tiny_model_dir, data_dir, 3) + ["actor.kl_ctl=0.1"]
+    with serve(str(tiny_model_dir), log_file=tmp_path / "server.log") as addr:
+        training.launch_trainer(run_dir, overrides, addr, run_dir / "train.log")
+    scalars = plot.load_run(run_dir / "logs" / "tensorboard")
+    assert sorted(scalars["timeperf/ref_logp"]) == [0, 1, 2]
+    penalty = scalars["ppo_actor/kl_rewards/avg"]
+    assert abs(penalty[0]) < 1e-6
+    assert abs(penalty[2]) > 1e-4
 
 
 def run_train_py(args: list[str]) -> subprocess.CompletedProcess:
