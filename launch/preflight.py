@@ -33,13 +33,13 @@ def require_modules(program: str, modules: tuple[str, ...]) -> None:
              f"(or `.venv/bin/python {program} ...`)")  # fmt: skip
 
 
-def check_model_path(path: str) -> None:
+def check_model_path(path: str, key: str = "actor.path") -> None:
     """Fail fast on a local model path that does not exist (hub ids like Org/Name pass)."""
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
     if looks_local and not os.path.isdir(os.path.expanduser(path)):
         raise FileNotFoundError(
             f"model path {path!r} does not exist: pass a Hugging Face model folder or hub id "
-            "as actor.path=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
+            f"as {key}=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
         )
 
 
@@ -91,7 +91,10 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
     try:
         for path in filter(None, map(setting, data_keys)):
             countdown.read_puzzle_file(path)
-        if model := setting("actor.path"):
-            check_model_path(model)
+        # AReaL loads the `ref` model only for a KL penalty (actor.kl_ctl > 0).
+        kl_ctl = override_value(overrides, "actor.kl_ctl") or OmegaConf.select(config, "actor.kl_ctl") or 0
+        for key in ("actor.path", "ref.path") if float(kl_ctl) > 0 else ("actor.path",):
+            if model := setting(key):
+                check_model_path(model, key)
     except (countdown.DataError, FileNotFoundError) as e:
         exit_bad_input(program, e)

@@ -52,13 +52,15 @@ def test_config_and_data_mistakes_are_one_line_before_the_imports(args, expected
     assert proc.stdout == ""
 
 
-def test_a_missing_model_folder_is_one_line(data):
+# The ref model is loaded only for a KL penalty, so its path is checked only then.
+@pytest.mark.parametrize("key, more", [("actor.path", []), ("ref.path", ["actor.kl_ctl=0.1"])])
+def test_a_missing_model_folder_is_one_line(data, key, more):
     proc = run(*TRAIN, f"train_dataset.path={data}/train_e.jsonl", f"valid_dataset.path={data}/test_e.jsonl",
-               "actor.path=/no/such/model")  # fmt: skip
+               *more, f"{key}=/no/such/model")  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "train.py: model path '/no/such/model' does not exist: pass a Hugging Face model folder or hub id "
-        "as actor.path=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
+        f"as {key}=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
     )
 
 
