@@ -83,16 +83,20 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
             if problem:
                 exit_bad_input(program, problem)
 
+    def value_of(key: str):
+        """The key's value: the last override of it, else the config file's."""
+        return override_value(overrides, key) or OmegaConf.select(config, key, throw_on_resolution_failure=False)
+
     def setting(key: str) -> str | None:
-        """The key's value, unless it needs interpolation (checked after the imports)."""
-        value = override_value(overrides, key) or OmegaConf.select(config, key, throw_on_resolution_failure=False)
+        """The key's string value, unless it needs interpolation (checked after the imports)."""
+        value = value_of(key)
         return value if isinstance(value, str) and "${" not in value else None
 
     try:
         for path in filter(None, map(setting, data_keys)):
             countdown.read_puzzle_file(path)
         # AReaL loads the `ref` model only for a KL penalty (actor.kl_ctl > 0).
-        kl_ctl = override_value(overrides, "actor.kl_ctl") or OmegaConf.select(config, "actor.kl_ctl") or 0
+        kl_ctl = value_of("actor.kl_ctl") or 0
         for key in ("actor.path", "ref.path") if float(kl_ctl) > 0 else ("actor.path",):
             if model := setting(key):
                 check_model_path(model, key)
