@@ -8,8 +8,8 @@ means still betray it. One set of n episodes, n3 with 3 numbers and n4 with 4, g
 `rollout/success` times n, a `success_3nums` times n3 and a `success_4nums` times n4 that are
 whole numbers, the last two adding up to the first, and a `completion_len` times n that is
 whole too. A step where no counts fit is a mix. The check can miss a mix (a late set that
-replaced every key fits), but it never flags one set: `plot.py` writes 7 significant digits,
-and the tolerance covers that rounding and float32's.
+replaced every key fits), but it never flags one set of up to `max_episodes`: `plot.py`
+writes 7 significant digits, and the tolerance covers that rounding and float32's.
 """
 
 from __future__ import annotations
