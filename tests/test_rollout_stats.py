@@ -6,6 +6,7 @@ import pytest
 from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils import stats_tracker
 
+import train
 from areal_patches import rollout_stats
 
 
@@ -50,7 +51,8 @@ class CommittedStats:
 
 
 def record_episode(solved: bool, nums: int) -> None:
-    stats_tracker.get("rollout").scalar(success=float(solved), **{f"success_{nums}nums": float(solved)})
+    """One episode of a `nums`-number puzzle, logged by train.py's own `log_episode_stats`."""
+    train.log_episode_stats({"nums": [1] * nums}, "", float(solved), 100, "stop")
 
 
 def test_a_step_logs_the_success_of_all_its_episodes(monkeypatch):
