@@ -246,8 +246,15 @@ def run_trainer(
     The trainer is stopped when `time_limit` (seconds) runs out, or when another thread sets
     `stop` (a limit known only once the run has begun: scripts/time_to_accuracy.py); returns
     whether it was stopped (a trainer that fails on its own raises). `stop` is set on return.
+
+    Stops happen one at a time. Why: `stop_group` finds the processes to stop by walking the
+    tree down from the trainer, and a second stop racing the first walks it after the first
+    has killed the launcher's torchrun; the worker, in a session of its own, is then no one's
+    child and escapes both. (Seen after a Ctrl-C: the worker, its exit stuck on a lock the
+    signal left taken, outlived the run.)
     """
     stop = stop or threading.Event()
+    stopping = threading.Lock()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -258,9 +265,10 @@ def run_trainer(
 
         def stop_when_asked() -> None:
             stop.wait(time_limit or None)
-            if proc.poll() is None:
-                expired.set()
-                stop_group(proc)
+            with stopping:
+                if proc.poll() is None:
+                    expired.set()
+                    stop_group(proc)
 
         threading.Thread(target=stop_when_asked, daemon=True).start()
         try:
@@ -272,7 +280,8 @@ def run_trainer(
             return expired.is_set()
         finally:
             stop.set()
-            stop_group(proc)
+            with stopping:
+                stop_group(proc)
 
 
 def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tuple[list[str], dict]:

@@ -1,0 +1,73 @@
+"""launch.training.run_trainer, which runs every trainer of the demo and the learning runs, on
+a stand-in shaped like AReaL's local launcher: a launcher process, a torchrun-like child, and
+a worker in a session of its own that ignores SIGTERM, as a worker whose exit is stuck does.
+The stand-in replaces AReaL only to make the interrupt land at a known moment;
+tests/test_launchers.py interrupts the real launchers."""
+
+from __future__ import annotations
+
+import _thread
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launch import training
+
+pytestmark = pytest.mark.timeout(120)
+
+WORKER = textwrap.dedent("""
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    while True:
+        print("worker step", flush=True)
+        time.sleep(0.1)
+""")
+MIDDLE = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:], start_new_session=True); time.sleep(600)"
+LAUNCHER = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(600)"
+
+
+def interrupt_when_running(pid_file: Path) -> None:
+    """Ctrl-C in the main thread once the worker runs (it prints a step every 0.1 s, so the
+    main thread, reading the trainer's output, sees the interrupt at once)."""
+    deadline = time.time() + 60
+    while time.time() < deadline and not pid_file.exists():
+        time.sleep(0.1)
+    time.sleep(0.5)
+    _thread.interrupt_main()
+
+
+def is_running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_an_interrupted_run_stops_one_at_a_time_and_leaves_no_worker(tmp_path, monkeypatch):
+    calls, running = [], []
+    real_stop_group = training.stop_group
+
+    def recording_stop_group(proc):
+        running.append(proc)
+        calls.append(len(running))
+        time.sleep(0.5)  # wide enough for a racing second stop to show
+        real_stop_group(proc)
+        running.remove(proc)
+
+    monkeypatch.setattr(training, "stop_group", recording_stop_group)
+    pid_file, log_path = tmp_path / "worker.pid", tmp_path / "train.log"
+    cmd = [sys.executable, "-c", LAUNCHER, sys.executable, "-c", MIDDLE,
+           sys.executable, "-c", WORKER, str(pid_file)]  # fmt: skip
+    threading.Thread(target=interrupt_when_running, args=(pid_file,), daemon=True).start()
+
+    with pytest.raises(KeyboardInterrupt):
+        training.run_trainer(cmd, {}, log_path)
+
+    assert calls and max(calls) == 1, f"stops overlapped: {calls}"
+    assert not is_running(int(pid_file.read_text())), "the worker outlived the run"
