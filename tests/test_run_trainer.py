@@ -7,6 +7,7 @@ tests/test_launchers.py interrupts the real launchers."""
 from __future__ import annotations
 
 import _thread
+import signal
 import sys
 import textwrap
 import threading
@@ -49,7 +50,16 @@ def is_running(pid: int) -> bool:
         return False
 
 
-def test_an_interrupted_run_stops_one_at_a_time_and_leaves_no_worker(tmp_path, monkeypatch):
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler: `interrupt_main` calls whatever handler is set, and modules
+    imported by earlier tests in the session may have set theirs."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupted_run_stops_one_at_a_time_and_leaves_no_worker(tmp_path, monkeypatch, python_sigint):
     calls, running = [], []
     real_stop_group = training.stop_group
 
