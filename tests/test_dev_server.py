@@ -16,6 +16,7 @@ pytest.importorskip("aiohttp")
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import countdown  # noqa: E402
+from conftest import alive  # noqa: E402
 from dev_server import client  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
@@ -24,15 +25,6 @@ STEP_DELAY_MS = 2  # makes long requests reliably long enough to pause mid-fligh
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def alive(pid: int) -> bool:
-    """True while pid exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def wait_until(pred, timeout=10.0, what="condition"):

@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from conftest import alive
 
 from launch import training
 
@@ -41,13 +41,6 @@ def interrupt_when_running(pid_file: Path) -> None:
         time.sleep(0.1)
     time.sleep(0.5)
     _thread.interrupt_main()
-
-
-def is_running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture
@@ -80,4 +73,4 @@ def test_an_interrupted_run_stops_one_at_a_time_and_leaves_no_worker(tmp_path, m
         training.run_trainer(cmd, {}, log_path)
 
     assert calls and max(calls) == 1, f"stops overlapped: {calls}"
-    assert not is_running(int(pid_file.read_text())), "the worker outlived the run"
+    assert not alive(int(pid_file.read_text())), "the worker outlived the run"
