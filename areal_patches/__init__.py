@@ -6,7 +6,7 @@
 | `weight_push` | the rollout client polls for new weights once a second during a disk push | the push stops idling a second per step | `install(weight_push=False)` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `install(fast_step=False)`; `TORCHDYNAMO_DISABLE=1` for compilation only |
 | `server_start` | a server that dies at start is waited for `setup_timeout` (300 s) | the wait ends when the server process does, naming it | `install(server_start=False)` |
-| `clean_exit` | single controller: a failed start leaves workers to a finalizer that hangs; SIGTERM skips clean-up | every exit stops the run's processes, without hanging | `install(clean_exit=False)` |
+| `clean_exit` | single controller: a failed start leaves workers to a finalizer that hangs; SIGTERM skips clean-up | every exit stops the run's processes, without hanging; a clean-up that a SIGTERM leaves stuck ends after a grace period | `install(clean_exit=False)` |
 | `progress_total` | `Train step N/M` counts M over whole epochs, though `total_train_steps` ends the run first | M is the run's real total | `install(progress_total=False)` |
 | `data_seed` | the trainers' data samplers shuffle with seed 0 whatever the config's `seed` | `seed` decides the data order (`seed: 0` is AReaL's) | `install(data_seed=False)` |
 | `rollout_stats` | SPMD launchers: a step's `rollout/*` scalars are replaced by the few episodes that finish between two exports | each scalar averages every episode it covers | `install(rollout_stats=False)` |

@@ -11,7 +11,11 @@ SIGTERM kills the controller without any clean-up at all.
 
 Effect: `no_process_left()` (train.py's `main()` runs inside it) turns SIGTERM into
 SystemExit and, on every way out, kills every process the controller started and waits for
-them; `install()` makes `LocalScheduler.__del__` do nothing once the interpreter is shutting
+them. SystemExit lands wherever the main thread happens to be; once (a CI run of the SPMD
+local launcher, interrupted) that was inside tensorboardX's event-queue lock, and the exit
+then waited forever on that lock in tensorboardX's own clean-up, leaving a worker running
+after its launcher had gone. So a SIGTERM also arms a timer: a clean exit that has not
+finished `SIGTERM_GRACE_SECONDS` later ends with the same kill and `os._exit`. `install()` makes `LocalScheduler.__del__` do nothing once the interpreter is shutting
 down, when nothing it would stop is left.
 
 Off: `areal_patches.install(clean_exit=False)` leaves `__del__` as it is; `no_process_left`
@@ -21,8 +25,10 @@ is the project's own policy (the run's processes end with it) and has no switch.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 import psutil
@@ -37,7 +43,20 @@ def kill_descendants(timeout: float = 10.0) -> None:
     psutil.wait_procs(children, timeout=timeout)
 
 
+SIGTERM_GRACE_SECONDS = 30.0
+
+
+def force_exit(code: int) -> None:
+    """End now, without the clean-up that is stuck: stop the children first, then exit."""
+    kill_descendants()
+    os._exit(code)
+
+
 def exit_on_sigterm(signum: int, frame) -> None:
+    """Exit cleanly (finally blocks, atexit), or by force if that has not ended in the grace."""
+    timer = threading.Timer(SIGTERM_GRACE_SECONDS, force_exit, args=(128 + signum,))
+    timer.daemon = True
+    timer.start()
     sys.exit(128 + signum)
 
 

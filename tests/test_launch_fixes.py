@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
 
 from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog
+from conftest import alive
 from dev_server import sglang_launch_server
 from dev_server.__main__ import build_arg_parser
 from dev_server.client import find_free_port
@@ -83,29 +83,40 @@ def test_the_watchdog_names_a_silent_server_and_leaves_a_healthy_one_alone():
 
 
 # A process that starts a child in a session of its own (as torchrun starts its workers),
-# prints the child's pid, then fails or waits to be terminated.
+# prints the child's pid, then fails or waits to be terminated. "stuck" plays the exit that
+# hung in CI: the clean-up after the SIGTERM waits on a lock that is never released.
 CHILD_SCRIPT = textwrap.dedent("""
-    import subprocess, sys, time
+    import subprocess, sys, threading, time
     from areal_patches import clean_exit
+    clean_exit.SIGTERM_GRACE_SECONDS = 2
+    never_released = threading.Lock()
+    never_released.acquire()
     with clean_exit.no_process_left():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
         print(child.pid, flush=True)
         if sys.argv[1] == "fail":
             raise RuntimeError("failed")
-        time.sleep(120)
+        try:
+            time.sleep(120)
+        finally:
+            if sys.argv[1] == "stuck":
+                never_released.acquire()
 """)
 
 
-@pytest.mark.parametrize("how", ["fail", "sigterm"])
+@pytest.mark.parametrize("how", ["fail", "sigterm", "stuck"])
 def test_no_process_is_left_after_a_failure_or_sigterm(how):
     proc = subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)  # fmt: skip
     child = int(proc.stdout.readline())
-    if how == "sigterm":
+    if how != "fail":
         proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
     assert proc.returncode == (1 if how == "fail" else 128 + signal.SIGTERM)
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert not alive(child)
 
 
 def test_the_schedulers_finalizer_does_nothing_at_interpreter_shutdown(monkeypatch):
