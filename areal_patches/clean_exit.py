@@ -47,7 +47,11 @@ SIGTERM_GRACE_SECONDS = 30.0
 
 
 def force_exit(code: int) -> None:
-    """End now, without the clean-up that is stuck: stop the children first, then exit."""
+    """End now, without the clean-up that is stuck: stop the children first, then exit.
+
+    The line goes to fd 2 directly: `print` would wait on sys.stderr's lock, which the stuck
+    main thread may hold."""
+    os.write(2, f"clean exit still running {SIGTERM_GRACE_SECONDS:g} s after SIGTERM; ending by force\n".encode())
     kill_descendants()
     os._exit(code)
 

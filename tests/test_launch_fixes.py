@@ -93,10 +93,10 @@ CHILD_SCRIPT = textwrap.dedent("""
     never_released.acquire()
     with clean_exit.no_process_left():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
-        print(child.pid, flush=True)
-        if sys.argv[1] == "fail":
-            raise RuntimeError("failed")
         try:
+            print(child.pid, flush=True)
+            if sys.argv[1] == "fail":
+                raise RuntimeError("failed")
             time.sleep(120)
         finally:
             if sys.argv[1] == "stuck":
@@ -117,6 +117,7 @@ def test_no_process_is_left_after_a_failure_or_sigterm(how):
         proc.kill()
     assert proc.returncode == (1 if how == "fail" else 128 + signal.SIGTERM)
     assert not alive(child)
+    assert ("ending by force" in proc.stderr.read()) == (how == "stuck")
 
 
 def test_the_schedulers_finalizer_does_nothing_at_interpreter_shutdown(monkeypatch):
