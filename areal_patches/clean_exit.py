@@ -15,8 +15,9 @@ them. SystemExit lands wherever the main thread happens to be; once (a CI run of
 local launcher, interrupted) that was inside tensorboardX's event-queue lock, and the exit
 then waited forever on that lock in tensorboardX's own clean-up, leaving a worker running
 after its launcher had gone. So a SIGTERM also arms a timer: a clean exit that has not
-finished `SIGTERM_GRACE_SECONDS` later ends with the same kill and `os._exit`. `install()` makes `LocalScheduler.__del__` do nothing once the interpreter is shutting
-down, when nothing it would stop is left.
+finished `SIGTERM_GRACE_SECONDS` later ends with the same kill and `os._exit`. `install()`
+makes `LocalScheduler.__del__` do nothing once the interpreter is shutting down, when nothing
+it would stop is left.
 
 Off: `areal_patches.install(clean_exit=False)` leaves `__del__` as it is; `no_process_left`
 is the project's own policy (the run's processes end with it) and has no switch.
@@ -51,7 +52,8 @@ def force_exit(code: int) -> None:
 
     The line goes to fd 2 directly: `print` would wait on sys.stderr's lock, which the stuck
     main thread may hold."""
-    os.write(2, f"clean exit still running {SIGTERM_GRACE_SECONDS:g} s after SIGTERM; ending by force\n".encode())
+    message = f"clean exit still running {SIGTERM_GRACE_SECONDS:g} s after SIGTERM; ending by force\n"
+    os.write(2, message.encode())
     kill_descendants()
     os._exit(code)
 
