@@ -47,20 +47,21 @@ def kill_descendants(timeout: float = 10.0) -> None:
 SIGTERM_GRACE_SECONDS = 30.0
 
 
-def force_exit(code: int) -> None:
-    """End now, without the clean-up that is stuck: stop the children first, then exit.
+def end_now(message: str, code: int = 1) -> None:
+    """Write `message`, kill every process this one started and exit at once, skipping the
+    clean-up: for a thread that finds the run cannot go on, or a clean exit that is stuck.
 
-    The line goes to fd 2 directly: `print` would wait on sys.stderr's lock, which the stuck
+    The line goes to fd 2 directly: `print` would wait on sys.stderr's lock, which a stuck
     main thread may hold."""
-    message = f"clean exit still running {SIGTERM_GRACE_SECONDS:g} s after SIGTERM; ending by force\n"
-    os.write(2, message.encode())
+    os.write(2, (message + "\n").encode())
     kill_descendants()
     os._exit(code)
 
 
 def exit_on_sigterm(signum: int, frame) -> None:
     """Exit cleanly (finally blocks, atexit), or by force if that has not ended in the grace."""
-    timer = threading.Timer(SIGTERM_GRACE_SECONDS, force_exit, args=(128 + signum,))
+    message = f"clean exit still running {SIGTERM_GRACE_SECONDS:g} s after SIGTERM; ending by force"
+    timer = threading.Timer(SIGTERM_GRACE_SECONDS, end_now, args=(message, 128 + signum))
     timer.daemon = True
     timer.start()
     sys.exit(128 + signum)

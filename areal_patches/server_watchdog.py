@@ -17,8 +17,6 @@ Off: `CountDownConfig.server_health_grace=0` (train.py passes it as `grace`).
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 import urllib.request
@@ -35,15 +33,8 @@ def healthy(address: str, timeout: float) -> bool:
         return False
 
 
-def stop_run(message: str) -> None:
-    """Print `message`, kill every process this one started, and exit at once."""
-    print(message, file=sys.stderr, flush=True)
-    clean_exit.kill_descendants()
-    os._exit(1)
-
-
 def watch(
-    addresses: list[str], grace: float, interval: float = 5.0, on_dead: Callable[[str], None] = stop_run
+    addresses: list[str], grace: float, interval: float = 5.0, on_dead: Callable[[str], None] = clean_exit.end_now
 ) -> threading.Thread:
     """Check each address every `interval` s; call `on_dead(message)` once one has been silent
     for `grace` s. Returns the (daemon) thread."""
