@@ -56,6 +56,27 @@ def override_value(overrides: list[str], key: str) -> str | None:
     return None
 
 
+def config_override_problem(overrides: list[str], config_file: str) -> str | None:
+    """The first of `overrides` (KEY=VALUE) that `config_file` cannot take, in one line: a key
+    it lacks, with the closest keys, or a word where it has a number or a bool. `+` and `~`
+    overrides add or delete keys, and are left to Hydra. Commands that start a trainer late
+    (the demo, the learning runs) ask this first, so a typo costs no warm start or server."""
+    from omegaconf import OmegaConf
+
+    from areal_patches import config_errors
+
+    config = OmegaConf.load(config_file)
+    for override in overrides:
+        if "=" not in override and not override.startswith("~"):
+            return f"{override!r} is not KEY=VALUE"
+        if not override.startswith(("+", "~")):
+            key, value = key_of_override(override), override.split("=", 1)[1]
+            problem = config_errors.unknown_key_problem(key, config_file)
+            if problem := problem or config_errors.wrong_type_problem(key, value, config):
+                return problem
+    return None
+
+
 def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, ...]) -> None:
     """train.py's and sft.py's checks: environment, config file and keys, data, model path."""
     require_modules(program, ("torch", "areal"))
@@ -64,7 +85,6 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
     from omegaconf import OmegaConf
 
     import countdown
-    from areal_patches import config_errors
 
     # Printed by AReaL's import on every machine without NVIDIA's Transformer Engine.
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
@@ -74,14 +94,9 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
     if not os.path.isfile(config_file):
         exit_bad_input(program, f"{config_file}: no such config file")
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    if problem := config_override_problem(overrides, config_file):
+        exit_bad_input(program, problem)
     config = OmegaConf.load(config_file)
-    for override in overrides:
-        if not override.startswith(("+", "~")):
-            key, value = key_of_override(override), override.split("=", 1)[1]
-            problem = config_errors.unknown_key_problem(key, config_file)
-            problem = problem or config_errors.wrong_type_problem(key, value, config)
-            if problem:
-                exit_bad_input(program, problem)
 
     def value_of(key: str):
         """The key's value: the last override of it, else the config file's."""

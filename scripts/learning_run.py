@@ -400,6 +400,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         trainer_seed(args)
     except ValueError as bad_seed:
         parser.error(str(bad_seed))
+    for option, overrides, config in (("--set", args.set, "train_config.yaml"),
+                                      ("--sft-set", args.sft_set, "configs/sft_warm_start.yaml")):
+        if problem := preflight.config_override_problem(overrides, str(ROOT / config)):
+            parser.error(f"{option}: {problem}")
     args.work = args.work.resolve()
     return args
 

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from areal_patches.config_errors import wrong_type_problem
-from launch.preflight import key_of_override, override_value
+from launch.preflight import config_override_problem, key_of_override, override_value
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ["train.py", "--config", "train_config.yaml", "scheduler.type=local"]
@@ -100,3 +100,32 @@ def test_values_that_may_fit_are_left_to_the_full_check(key, value):
 def test_a_word_for_an_integer_names_the_integer():
     problem = wrong_type_problem("gconfig.n_samples", "eight", OmegaConf.load(ROOT / "train_config.yaml"))
     assert problem == "gconfig.n_samples: Value 'eight' of type 'str' could not be converted to Integer"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["-m", "scripts.learning_run", "grpo", "--set", "actor.optimizer.lrr=1e-5"],
+         "--set: unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr?"),
+        (["-m", "scripts.learning_run", "sft", "--sft-set", "train_dataset.batch_sise=4"],
+         "--sft-set: unknown config key 'train_dataset.batch_sise': did you mean train_dataset.batch_size?"),
+        (["-m", "scripts.learning_run", "grpo", "--set", "gconfig.temperature"],
+         "--set: 'gconfig.temperature' is not KEY=VALUE"),
+        (["-m", "tools.demo", "actor.optimizer.lr=fast"],
+         "actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
+    ],
+)
+def test_commands_that_start_a_trainer_late_refuse_a_bad_override_before_they_make_anything(tmp_path, args, expected):
+    """The demo makes a warm start, and a learning run data and a server, before train.py reads
+    its overrides: a typo is refused first, and nothing is made."""
+    learning_run = "scripts.learning_run" in args
+    place = ["--work", str(tmp_path / "work")] if learning_run else ["--run-dir", str(tmp_path / "demo")]
+    proc = run(*args, *place)
+    assert proc.returncode == 2
+    assert f"error: {expected}" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overrides_that_add_or_delete_keys_are_left_to_hydra():
+    config = str(ROOT / "train_config.yaml")
+    assert config_override_problem(["++actor.use_sapo_loss=true", "~actor.ref", "seed=3"], config) is None

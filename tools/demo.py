@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import countdown
+from launch import preflight
 from launch.training import (CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, latest_checkpoint, run_sft,
                              run_user_command)
 
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=900, help="seconds before the training is stopped")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for train.py, applied last")
     args = parser.parse_args(argv)
+    if problem := preflight.config_override_problem(args.overrides, str(ROOT / "train_config.yaml")):
+        parser.error(problem)
 
     start = time.time()
     final_dir = args.run_dir.resolve()
