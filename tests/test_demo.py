@@ -32,7 +32,10 @@ def test_demo_trains_plots_and_summarises(start_demo, tmp_path):
     assert processes_mentioning(run_dir) == ""
 
 
-def test_interrupted_demo_leaves_no_process_behind_and_keeps_the_previous_run(start_demo, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_demo_leaves_no_process_behind_and_keeps_the_previous_run(start_demo, tmp_path, stop):
+    """Ctrl-C, or SIGTERM as `kill` and `timeout` send it: the trainer runs in a session of its
+    own, so only the demo's clean-up can stop it."""
     run_dir = tmp_path / "demo"
     run_dir.mkdir()
     previous = run_dir / "curves.png"
@@ -43,7 +46,7 @@ def test_interrupted_demo_leaves_no_process_behind_and_keeps_the_previous_run(st
         if "Train step 1/" in line or time.time() > deadline:
             break
     assert processes_mentioning(run_dir), "trainer and server should be running now"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, rest[-2000:]
     assert "interrupted; all processes stopped" in rest

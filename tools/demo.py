@@ -45,7 +45,7 @@ from pathlib import Path
 import countdown
 from launch import preflight
 from launch.training import (CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, latest_checkpoint, run_sft,
-                             run_user_command)
+                             run_user_command, sigterm_as_interrupt)
 
 PUZZLES = ["--min-numbers", "2", "--max-numbers", "2", "--num-max", "50", "--target-min", "1", "--target-max", "100"]
 TRAIN_PUZZLES, HELD_OUT = 2300, 500
@@ -134,7 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if problem := preflight.config_override_problem(args.overrides, str(ROOT / "train_config.yaml")):
         parser.error(problem)
+    # The trainer runs in a session of its own: `kill` or `timeout` must stop the demo the way
+    # Ctrl-C does, through the clean-up that stops the trainer's processes too.
+    with sigterm_as_interrupt():
+        return run_demo(args)
 
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Puzzles, model (and on the learning run a warm start), GRPO, plot and summary."""
     start = time.time()
     final_dir = args.run_dir.resolve()
     # A demo starts from step 0, in a folder of its own: the previous run's stays until this
