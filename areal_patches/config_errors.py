@@ -3,11 +3,14 @@
 Upstream behaviour (areal 1.0.4): `load_expr_config` answers `actor.optimizer.lrr=1e-5` with
 a 64-line Hydra traceback whose hint (`+actor.optimizer.lrr=...`) adds the typo as a new
 key and fails again further on; a wrong type (`actor.optimizer.lr=fast`) ends in an
-OmegaConf traceback.
+OmegaConf traceback, and settings a dataclass refuses (`++actor.use_sapo_loss=true` with the
+decoupled loss) in a ValueError's.
 
 Effect: `load_config` raises SystemExit (status 2, bad input) with one line that names the
-key and the closest valid keys, or the key and the value that does not fit, before any
-process starts.
+key and the closest valid keys (of the config file, or for a key a `++` override adds, of
+the dataclass), or the key and the value that does not fit, before any process starts.
+`config_problem` gives the same line without loading, for commands that start a trainer
+late (the demo, the learning runs).
 
 Off: call AReaL's `load_expr_config` instead.
 """
@@ -16,8 +19,9 @@ from __future__ import annotations
 
 import difflib
 
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from launch.preflight import exit_bad_input, key_of_override
 
@@ -41,18 +45,34 @@ def first_unknown(key: str, node) -> tuple[int, list[str]] | None:
     return None
 
 
-def unknown_key_problem(key: str, config_file: str) -> str | None:
-    """A key of an override that `config_file` lacks, with the closest keys; None if it has it."""
-    unknown = first_unknown(key, OmegaConf.load(config_file))
+def closest_keys(key: str, node) -> list[str] | None:
+    """None if `node` has `key`; else the keys nearest to it, with its unknown part replaced."""
+    unknown = first_unknown(key, node)
     if unknown is None:
         return None
     index, siblings = unknown
     parts = key.split(".")
-    close = [".".join([*parts[:index], c, *parts[index + 1 :]]) for c in difflib.get_close_matches(parts[index], siblings)]
+    return [".".join([*parts[:index], c, *parts[index + 1 :]]) for c in difflib.get_close_matches(parts[index], siblings)]
+
+
+def unknown_key_problem(key: str, config_file: str) -> str | None:
+    """A key of an override that `config_file` lacks, with the closest keys; None if it has it."""
+    close = closest_keys(key, OmegaConf.load(config_file))
+    if close is None:
+        return None
     if not close:
         return f"{key!r} is not in {config_file}: set it with ++{key}=..."
     return (f"unknown config key {key!r}: did you mean {' or '.join(close)}? "
             f"(the keys are those of {config_file}; a field it lacks is set with ++{key}=...)")  # fmt: skip
+
+
+def unknown_field_problem(key: str, config_cls: type) -> str | None:
+    """A key no field of `config_cls` has (a `++` override's typo), with the closest fields."""
+    close = closest_keys(key, OmegaConf.structured(config_cls))
+    if close is None:
+        return None
+    hint = f": did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown config key {key!r}{hint} (not a field of {config_cls.__name__})"
 
 
 BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}  # what OmegaConf takes as a bool
@@ -84,19 +104,44 @@ def override_problem(key: str, config_cls: type, config_file: str) -> str:
     return unknown_key_problem(key, config_file) or f"unknown config key {key!r}"
 
 
+def refusal(error: Exception, argv: list[str], config_cls: type) -> str:
+    """One line for Hydra's, OmegaConf's or a dataclass's refusal of the config in `argv`."""
+    config_file = argv[argv.index("--config") + 1] if "--config" in argv else "the config file"
+    if isinstance(error, ConfigCompositionException):
+        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+        key = next((key_of_override(o) for o in overrides if repr(key_of_override(o)) in str(error)), None)
+        return override_problem(key, config_cls, config_file) if key else str(error).splitlines()[0]
+    key = getattr(error, "full_key", None)
+    if key and isinstance(error, ConfigKeyError) and (problem := unknown_field_problem(key, config_cls)):
+        return problem
+    return f"{key}: {str(error).splitlines()[0]}" if key else str(error).splitlines()[0]
+
+
+# Hydra's, OmegaConf's, and the dataclasses' own checks (__post_init__ raises ValueError).
+REFUSALS = (ConfigCompositionException, OmegaConfBaseException, ValueError)
+
+
+def config_problem(argv: list[str], config_cls: type) -> str | None:
+    """Why `load_config` would refuse `argv`, in one line; None if it takes it.
+
+    AReaL's own composition (Hydra, then the merge into `config_cls`) without what
+    `load_expr_config` does next: set up name_resolve and write config.yaml into the run's
+    log folder. For commands that start a trainer late, to refuse a bad override first.
+    """
+    from areal.api.cli_args import parse_cli_args, to_structured_cfg
+
+    try:
+        OmegaConf.to_object(to_structured_cfg(parse_cli_args(argv)[0], config_cls=config_cls))
+    except REFUSALS as e:
+        return refusal(e, argv, config_cls)
+    return None
+
+
 def load_config(argv: list[str], config_cls: type, program: str):
     """AReaL's `load_expr_config(argv, config_cls)`, with one-line errors for bad overrides."""
     from areal.api.cli_args import load_expr_config
-    from hydra.errors import ConfigCompositionException
 
-    config_file = argv[argv.index("--config") + 1] if "--config" in argv else "the config file"
     try:
         return load_expr_config(argv, config_cls)
-    except ConfigCompositionException as e:
-        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-        key = next((key_of_override(o) for o in overrides if repr(key_of_override(o)) in str(e)), None)
-        line = override_problem(key, config_cls, config_file) if key else str(e).splitlines()[0]
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
-        line = f"{key}: {str(e).splitlines()[0]}" if key else str(e).splitlines()[0]
-    exit_bad_input(program, line)
+    except REFUSALS as e:
+        exit_bad_input(program, refusal(e, argv, config_cls))

@@ -56,11 +56,17 @@ def override_value(overrides: list[str], key: str) -> str | None:
     return None
 
 
-def config_override_problem(overrides: list[str], config_file: str) -> str | None:
+def config_override_problem(overrides: list[str], config_file: str, config_class: str | None = None) -> str | None:
     """The first of `overrides` (KEY=VALUE) that `config_file` cannot take, in one line: a key
-    it lacks, with the closest keys, or a word where it has a number or a bool. `+` and `~`
-    overrides add or delete keys, and are left to Hydra. Commands that start a trainer late
-    (the demo, the learning runs) ask this first, so a typo costs no warm start or server."""
+    it lacks, with the closest keys, or a word where it has a number or a bool. Commands that
+    start a trainer late (the demo, the learning runs) ask this first, so a typo costs no warm
+    start or server.
+
+    `+` and `~` overrides add or delete keys, so only the trainer's dataclass can judge them:
+    with `config_class` ("module:Class", e.g. "train:CountDownConfig") given, they are
+    composed as the trainer will compose them. That imports torch and AReaL, seconds that are
+    paid only when such an override is given.
+    """
     from omegaconf import OmegaConf
 
     from areal_patches import config_errors
@@ -74,6 +80,10 @@ def config_override_problem(overrides: list[str], config_file: str) -> str | Non
             problem = config_errors.unknown_key_problem(key, config_file)
             if problem := problem or config_errors.wrong_type_problem(key, value, config):
                 return problem
+    if config_class and any(override.startswith(("+", "~")) for override in overrides):
+        module, name = config_class.split(":")
+        config_cls = getattr(importlib.import_module(module), name)
+        return config_errors.config_problem(["--config", config_file, *overrides], config_cls)
     return None
 
 

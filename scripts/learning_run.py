@@ -400,9 +400,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         trainer_seed(args)
     except ValueError as bad_seed:
         parser.error(str(bad_seed))
-    for option, overrides, config in (("--set", args.set, "train_config.yaml"),
-                                      ("--sft-set", args.sft_set, "configs/sft_warm_start.yaml")):
-        if problem := preflight.config_override_problem(overrides, str(ROOT / config)):
+    for option, overrides, config, config_class in (
+        ("--set", args.set, "train_config.yaml", "train:CountDownConfig"),
+        ("--sft-set", args.sft_set, "configs/sft_warm_start.yaml", "sft:WarmStartConfig"),
+    ):
+        if problem := preflight.config_override_problem(overrides, str(ROOT / config), config_class):
             parser.error(f"{option}: {problem}")
     args.work = args.work.resolve()
     return args

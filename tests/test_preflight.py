@@ -52,6 +52,19 @@ def test_config_and_data_mistakes_are_one_line_before_the_imports(args, expected
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "override, expected",
+    [("++actor.c_clp=3.0",
+      "unknown config key 'actor.c_clp': did you mean actor.c_clip or actor.eps_clip? (not a field of CountDownConfig)"),
+     ("++actor.use_sapo_loss=true", "SAPO is not compatible with `use_decoupled_loss=True`. "
+      "Please set `actor.use_decoupled_loss=false` in your configuration.")],  # fmt: skip
+)
+def test_a_key_that_an_override_adds_is_judged_by_the_dataclass_in_one_line(data, override, expected):
+    proc = run(*TRAIN, f"train_dataset.path={data}/train_e.jsonl", f"valid_dataset.path={data}/test_e.jsonl", override)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"train.py: {expected}", proc.stderr[-2000:]
+
+
 # The ref model is loaded only for a KL penalty, so its path is checked only then.
 @pytest.mark.parametrize("key, more", [("actor.path", []), ("ref.path", ["actor.kl_ctl=0.1"])])
 def test_a_missing_model_folder_is_one_line(data, key, more):
@@ -113,6 +126,12 @@ def test_a_word_for_an_integer_names_the_integer():
          "--set: 'gconfig.temperature' is not KEY=VALUE"),
         (["-m", "tools.demo", "actor.optimizer.lr=fast"],
          "actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
+        (["-m", "tools.demo", "++actor.c_clp=3.0"],
+         "unknown config key 'actor.c_clp': did you mean actor.c_clip or actor.eps_clip? (not a field of CountDownConfig)"),
+        (["-m", "scripts.learning_run", "grpo", "--set", "++actor.c_clip=fast"],
+         "--set: actor.c_clip: Value 'fast' of type 'str' could not be converted to Float"),
+        (["-m", "scripts.learning_run", "sft", "--sft-set", "++examples_per_rw=2"],
+         "--sft-set: unknown config key 'examples_per_rw': did you mean examples_per_row? (not a field of WarmStartConfig)"),
     ],
 )
 def test_commands_that_start_a_trainer_late_refuse_a_bad_override_before_they_make_anything(tmp_path, args, expected):
@@ -126,6 +145,10 @@ def test_commands_that_start_a_trainer_late_refuse_a_bad_override_before_they_ma
     assert list(tmp_path.iterdir()) == []
 
 
-def test_overrides_that_add_or_delete_keys_are_left_to_hydra():
+def test_overrides_that_add_or_delete_keys_are_judged_only_by_the_trainers_dataclass():
     config = str(ROOT / "train_config.yaml")
-    assert config_override_problem(["++actor.use_sapo_loss=true", "~actor.ref", "seed=3"], config) is None
+    overrides = ["++actor.c_clip=3.0", "~ref", "seed=3"]
+    assert config_override_problem([*overrides, "~actor.reff"], config) is None  # no dataclass: not judged
+    assert config_override_problem(overrides, config, "train:CountDownConfig") is None
+    problem = config_override_problem([*overrides, "~actor.reff"], config, "train:CountDownConfig")
+    assert problem == "Could not delete from config. 'actor.reff' does not exist."

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=900, help="seconds before the training is stopped")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for train.py, applied last")
     args = parser.parse_args(argv)
-    if problem := preflight.config_override_problem(args.overrides, str(ROOT / "train_config.yaml")):
+    if problem := preflight.config_override_problem(args.overrides, str(ROOT / "train_config.yaml"),
+                                                  "train:CountDownConfig"):
         parser.error(problem)
     # The trainer runs in a session of its own: `kill` or `timeout` must stop the demo the way
     # Ctrl-C does, through the clean-up that stops the trainer's processes too.
