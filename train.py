@@ -117,6 +117,20 @@ class CountDownActorConfig(PPOActorConfig):
         metadata={"help": "with gradient checkpointing on, the last N decoder layers keep their "
                   "activations (areal_patches/fast_step.py): faster steps for more memory; 0 is AReaL's"},
     )
+    pass_at_k: int = field(
+        default=1,
+        metadata={"help": "k > 1: advantages for pass@k, not pass@1, over each group of n_samples "
+                  "(areal_patches/pass_at_k.py); 1 is AReaL's reward_norm"},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        group_size = self.reward_norm.group_size if self.reward_norm else 0
+        if self.pass_at_k < 1 or (self.pass_at_k > 1 and self.pass_at_k > group_size):
+            raise ValueError(
+                f"actor.pass_at_k={self.pass_at_k}: use 1 (GRPO's pass@1), or a k of at most the "
+                f"group size, gconfig.n_samples (actor.reward_norm.group_size={group_size})"
+            )
 
 
 @dataclass

@@ -10,6 +10,7 @@
 | `progress_total` | `Train step N/M` counts M over whole epochs, though `total_train_steps` ends the run first | M is the run's real total | `install(progress_total=False)` |
 | `data_seed` | the trainers' data samplers shuffle with seed 0 whatever the config's `seed` | `seed` decides the data order (`seed: 0` is AReaL's) | `install(data_seed=False)` |
 | `rollout_stats` | SPMD launchers: a step's `rollout/*` scalars are replaced by the few episodes that finish between two exports | each scalar averages every episode it covers | `install(rollout_stats=False)` |
+| `pass_at_k` | GRPO normalises each group's rewards by mean and std: pass@1 rises, pass@k narrows | `actor.pass_at_k: k` > 1 gives each completion its pass@k advantage (Chen et al. 2025) | `actor.pass_at_k: 1` (shipped); `install(pass_at_k=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 
@@ -31,6 +32,7 @@ def install(
     progress_total: bool = True,
     data_seed: bool = True,
     rollout_stats: bool = True,
+    pass_at_k: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
@@ -38,6 +40,7 @@ def install(
     from areal_patches import data_seed as data_seed_module
     from areal_patches import fast_step as fast_step_module
     from areal_patches import packed_sdpa as packed_sdpa_module
+    from areal_patches import pass_at_k as pass_at_k_module
     from areal_patches import progress_total as progress_total_module
     from areal_patches import rollout_stats as rollout_stats_module
     from areal_patches import server_start as server_start_module
@@ -59,3 +62,5 @@ def install(
         data_seed_module.install()
     if rollout_stats:
         rollout_stats_module.install()
+    if pass_at_k:
+        pass_at_k_module.install()
