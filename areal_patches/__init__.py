@@ -1,4 +1,5 @@
-"""Fixes to areal 1.0.4, each in its own module, installed explicitly by `install()`.
+"""Fixes to areal 1.0.4, each in its own module, installed explicitly by `install()`, and one
+opt-in option, `pass_at_k`, that changes nothing unless the config asks for it.
 
 | module | upstream behaviour | effect | off |
 |---|---|---|---|

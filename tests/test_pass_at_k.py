@@ -65,10 +65,21 @@ def actor_config(overrides: list[str]):
     return OmegaConf.to_object(to_structured_cfg(cfg, CountDownConfig)).actor
 
 
-def advantages_from_ppo_actor(overrides: list[str], rewards: list[float]) -> torch.Tensor:
-    """AReaL's PPOActor._compute_advantages on a batch of 3-token completions after a 2-token
-    prompt; no engine is needed for the advantages, so none is given. Returns one advantage
-    per sequence (no critic, discount 1: every completion token has its sequence's)."""
+def compute_advantages(name: str):
+    """AReaL's `PPOActor._compute_advantages`, or fast_step's replacement (shipped on the GPU)."""
+    from areal.trainer.ppo.actor import PPOActor
+
+    from areal_patches import fast_step
+
+    if name == "fast_step":
+        return fast_step.compute_advantages
+    return getattr(PPOActor, "_areal_compute_advantages", PPOActor._compute_advantages)
+
+
+def advantages_from_ppo_actor(overrides: list[str], rewards: list[float], compute: str) -> torch.Tensor:
+    """A PPOActor's advantages for a batch of 3-token completions after a 2-token prompt; no
+    engine is needed for them, so none is given. Returns one advantage per sequence (no
+    critic, discount 1: every completion token has its sequence's)."""
     from areal.trainer.ppo.actor import PPOActor
 
     config = actor_config([*overrides, "actor.adv_norm=null"])
@@ -81,7 +92,7 @@ def advantages_from_ppo_actor(overrides: list[str], rewards: list[float]) -> tor
         "logprobs": torch.zeros(bs, 5),
         "rewards": torch.tensor(rewards),
     }
-    advantages = actor._compute_advantages(data)["advantages"]
+    advantages = compute_advantages(compute)(actor, data)["advantages"]
     per_token = advantages[:, 1:4]  # the rolled loss mask: tokens 2..4 are predicted at 1..3
     torch.testing.assert_close(per_token, per_token[:, :1].expand_as(per_token))
     return per_token[:, 0]
@@ -90,18 +101,20 @@ def advantages_from_ppo_actor(overrides: list[str], rewards: list[float]) -> tor
 REWARDS = [1.0, 0.1, 0.0, 0.1, 1.0, 1.0, 0.1, 0.1]  # two groups of 4: 1 right, then 2 right
 
 
-def test_the_patched_actor_uses_pass_at_k_advantages():
+@pytest.mark.parametrize("compute", ["areal", "fast_step"])
+def test_the_patched_actor_uses_pass_at_k_advantages(compute):
     pass_at_k.install()
-    got = advantages_from_ppo_actor(["actor.pass_at_k=2"], REWARDS)
+    got = advantages_from_ppo_actor(["actor.pass_at_k=2"], REWARDS, compute)
     solved = [r == 1.0 for r in REWARDS]
     expected = pass_at_k.group_advantages(solved[:4], 2) + pass_at_k.group_advantages(solved[4:], 2)
     torch.testing.assert_close(got, torch.tensor(expected), atol=1e-5, rtol=0)
 
 
-def test_pass_at_k_of_one_keeps_areals_reward_norm():
+@pytest.mark.parametrize("compute", ["areal", "fast_step"])
+def test_pass_at_k_of_one_keeps_areals_reward_norm(compute):
     """The shipped setting: the format score still counts, as in AReaL's group normalisation."""
     pass_at_k.install()
-    got = advantages_from_ppo_actor([], REWARDS)
+    got = advantages_from_ppo_actor([], REWARDS, compute)
     r = torch.tensor(REWARDS).view(2, 4)
     expected = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-5)).flatten()
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
