@@ -126,7 +126,7 @@ class CountDownActorConfig(PPOActorConfig):
     def __post_init__(self):
         super().__post_init__()
         group_size = self.reward_norm.group_size if self.reward_norm else 0
-        if self.pass_at_k < 1 or (self.pass_at_k > 1 and self.pass_at_k > group_size):
+        if not 1 <= self.pass_at_k <= max(group_size, 1):
             raise ValueError(
                 f"actor.pass_at_k={self.pass_at_k}: use 1 (GRPO's pass@1), or a k of at most the "
                 f"group size, gconfig.n_samples (actor.reward_norm.group_size={group_size})"
