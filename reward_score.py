@@ -35,6 +35,7 @@ from enum import StrEnum
 from fractions import Fraction
 
 MAX_ANSWER_CHARS = 1000  # longest answer content (whitespace included) ever parsed
+SOLVED_SCORE = 1.0  # compute_score's default `score`: a correct solution
 
 OPEN, CLOSE = "<answer>", "</answer>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -65,7 +66,7 @@ def compute_score(
     ground_truth: Mapping,
     method: str = "strict",
     format_score: float = 0.1,
-    score: float = 1.0,
+    score: float = SOLVED_SCORE,
 ) -> float:
     """Score a completion: `score` if correct, `format_score` if it has an answer
     block that is not a correct solution, 0.0 if it has none (or is not a str).

@@ -34,7 +34,7 @@ from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, PPOActorConfig
 from areal.utils import stats_tracker
 from areal.utils.hf_utils import load_hf_tokenizer
-from reward_score import compute_score, has_think_answer_format
+from reward_score import SOLVED_SCORE, compute_score, has_think_answer_format
 
 
 class CountDownWorkflow(RolloutWorkflow):
@@ -74,7 +74,7 @@ def log_episode_stats(
     data: dict, completion: str, reward: float, completion_len: int, stop_reason: str
 ) -> None:
     """Per-episode scalars; AReaL averages them per step under `rollout/` or `eval-rollout/`."""
-    solved = float(reward == 1.0)
+    solved = float(reward == SOLVED_SCORE)
     stats_tracker.get(workflow_context.stat_scope()).scalar(
         reward=reward,
         success=solved,

@@ -29,8 +29,7 @@ import math
 import torch
 
 from evaluate import pass_at_k
-
-FULL_SCORE = 1.0  # reward_score.compute_score's `score`: the puzzle is solved
+from reward_score import SOLVED_SCORE
 
 
 def group_advantages(solved: list[bool], k: int) -> list[float]:
@@ -79,7 +78,7 @@ def with_pass_at_k(init):
         init(self, config, engine)
         k = getattr(config, "pass_at_k", 1)
         if k > 1:
-            solved_reward = (FULL_SCORE + config.reward_bias) * config.reward_scaling
+            solved_reward = (SOLVED_SCORE + config.reward_bias) * config.reward_scaling
             self.reward_norm = PassAtKNorm(k, config.reward_norm.group_size, solved_reward)
 
     __init__.knows_pass_at_k = True

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 import countdown
 from dev_server.engine import Engine
 from dev_server.protocol import GenRequest, SamplingParams
-from reward_score import compute_score
+from reward_score import SOLVED_SCORE, compute_score
 from tools.make_tiny_model import make_tiny_model
 
 
@@ -67,7 +67,7 @@ def agreement(engines: dict[str, Engine], tokenizer, rows: list[dict]) -> dict:
     same = [a["output_ids"] == b["output_ids"] for a, b in zip(hf, static)]
     diffs = [abs(x - y) for a, b, s in zip(hf, static, same) if s for x, y in zip(a["logprobs"], b["logprobs"])]
     success = {
-        name: sum(compute_score(tokenizer.decode(o["output_ids"], skip_special_tokens=True), r) == 1.0
+        name: sum(compute_score(tokenizer.decode(o["output_ids"], skip_special_tokens=True), r) == SOLVED_SCORE
                   for o, r in zip(out, rows)) / len(rows)
         for name, out in outs.items()
     }  # fmt: skip
