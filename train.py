@@ -122,6 +122,11 @@ class CountDownActorConfig(PPOActorConfig):
         metadata={"help": "k > 1: advantages for pass@k, not pass@1, over each group of n_samples "
                   "(areal_patches/pass_at_k.py); 1 is AReaL's reward_norm"},
     )
+    entropy_coef: float = field(
+        default=0.0,
+        metadata={"help": "c > 0: the loss less c times the mean token entropy "
+                  "(areal_patches/entropy_bonus.py); 0 is AReaL's loss"},
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -130,6 +135,11 @@ class CountDownActorConfig(PPOActorConfig):
             raise ValueError(
                 f"actor.pass_at_k={self.pass_at_k}: use 1 (GRPO's pass@1), or a k of at most the "
                 f"group size, gconfig.n_samples (actor.reward_norm.group_size={group_size})"
+            )
+        if self.entropy_coef < 0:
+            raise ValueError(
+                f"actor.entropy_coef={self.entropy_coef}: use 0 (AReaL's loss) or a positive "
+                "bonus; a negative one would narrow the policy further"
             )
 
 

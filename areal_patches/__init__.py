@@ -1,5 +1,6 @@
 """Fixes to areal 1.0.4, each in its own module, installed explicitly by `install()`, and one
-opt-in option, `pass_at_k`, that changes nothing unless the config asks for it.
+two opt-in options, `pass_at_k` and `entropy_bonus`, that change nothing unless the config asks
+for them.
 
 | module | upstream behaviour | effect | off |
 |---|---|---|---|
@@ -12,6 +13,7 @@ opt-in option, `pass_at_k`, that changes nothing unless the config asks for it.
 | `data_seed` | the trainers' data samplers shuffle with seed 0 whatever the config's `seed` | `seed` decides the data order (`seed: 0` is AReaL's) | `install(data_seed=False)` |
 | `rollout_stats` | SPMD launchers: a step's `rollout/*` scalars are replaced by the few episodes that finish between two exports | each scalar averages every episode it covers | `install(rollout_stats=False)` |
 | `pass_at_k` | GRPO normalises each group's rewards by mean and std: pass@1 rises, pass@k narrows | `actor.pass_at_k: k` > 1 gives each completion its pass@k advantage (Chen et al. 2025) | `actor.pass_at_k: 1` (shipped); `install(pass_at_k=False)` |
+| `entropy_bonus` | the loss detaches each token's entropy and only logs it: GRPO narrows the policy | `actor.entropy_coef: c` > 0 subtracts c times the mean token entropy from the loss | `actor.entropy_coef: 0` (shipped); `install(entropy_bonus=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 
@@ -34,11 +36,13 @@ def install(
     data_seed: bool = True,
     rollout_stats: bool = True,
     pass_at_k: bool = True,
+    entropy_bonus: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
     from areal_patches import clean_exit as clean_exit_module
     from areal_patches import data_seed as data_seed_module
+    from areal_patches import entropy_bonus as entropy_bonus_module
     from areal_patches import fast_step as fast_step_module
     from areal_patches import packed_sdpa as packed_sdpa_module
     from areal_patches import pass_at_k as pass_at_k_module
@@ -65,3 +69,5 @@ def install(
         rollout_stats_module.install()
     if pass_at_k:
         pass_at_k_module.install()
+    if entropy_bonus:
+        entropy_bonus_module.install()
