@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from areal_patches import entropy_bonus
-from tests.test_pass_at_k import REWARDS, actor_config, compute_advantages
+from tests.test_pass_at_k import REWARDS, actor_config, compute_advantages, synthetic_batch
 
 
 def test_the_bonus_is_the_mean_entropy_of_the_scored_tokens():
@@ -63,15 +63,8 @@ def losses_of_one_update(overrides: list[str]) -> LossRecordingEngine:
 
     engine = LossRecordingEngine()
     actor = PPOActor(actor_config([*overrides, "actor.ppo_n_minibatches=1"]), engine=engine)
-    bs = len(REWARDS)
-    data = {
-        "input_ids": torch.ones(bs, 5, dtype=torch.long),
-        "attention_mask": torch.ones(bs, 5, dtype=torch.bool),
-        "loss_mask": torch.tensor([[0, 0, 1, 1, 1]] * bs, dtype=torch.int32),
-        "logprobs": torch.zeros(bs, 5),
-        "prox_logp": torch.zeros(bs, 5),
-        "rewards": torch.tensor(REWARDS),
-    }
+    data = synthetic_batch(REWARDS)
+    data["prox_logp"] = torch.zeros_like(data["logprobs"])  # what compute_logp would give
     actor._ppo_update(compute_advantages("areal")(actor, data))
     return engine
 

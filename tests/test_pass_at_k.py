@@ -76,6 +76,18 @@ def compute_advantages(name: str):
     return getattr(PPOActor, "_areal_compute_advantages", PPOActor._compute_advantages)
 
 
+def synthetic_batch(rewards: list[float]) -> dict[str, torch.Tensor]:
+    """One 3-token completion after a 2-token prompt per reward, as a rollout batch."""
+    bs = len(rewards)
+    return {
+        "input_ids": torch.ones(bs, 5, dtype=torch.long),
+        "attention_mask": torch.ones(bs, 5, dtype=torch.bool),
+        "loss_mask": torch.tensor([[0, 0, 1, 1, 1]] * bs, dtype=torch.int32),
+        "logprobs": torch.zeros(bs, 5),
+        "rewards": torch.tensor(rewards),
+    }
+
+
 def advantages_from_ppo_actor(overrides: list[str], rewards: list[float], compute: str) -> torch.Tensor:
     """A PPOActor's advantages for a batch of 3-token completions after a 2-token prompt; no
     engine is needed for them, so none is given. Returns one advantage per sequence (no
@@ -84,15 +96,7 @@ def advantages_from_ppo_actor(overrides: list[str], rewards: list[float], comput
 
     config = actor_config([*overrides, "actor.adv_norm=null"])
     actor = PPOActor(config, engine=None)
-    bs = len(rewards)
-    data = {
-        "input_ids": torch.ones(bs, 5, dtype=torch.long),
-        "attention_mask": torch.ones(bs, 5, dtype=torch.bool),
-        "loss_mask": torch.tensor([[0, 0, 1, 1, 1]] * bs, dtype=torch.int32),
-        "logprobs": torch.zeros(bs, 5),
-        "rewards": torch.tensor(rewards),
-    }
-    advantages = compute_advantages(compute)(actor, data)["advantages"]
+    advantages = compute_advantages(compute)(actor, synthetic_batch(rewards))["advantages"]
     per_token = advantages[:, 1:4]  # the rolled loss mask: tokens 2..4 are predicted at 1..3
     torch.testing.assert_close(per_token, per_token[:, :1].expand_as(per_token))
     return per_token[:, 0]
