@@ -62,10 +62,11 @@ def config_override_problem(overrides: list[str], config_file: str, config_class
     start a trainer late (the demo, the learning runs) ask this first, so a typo costs no warm
     start or server.
 
-    `+` and `~` overrides add or delete keys, so only the trainer's dataclass can judge them:
-    with `config_class` ("module:Class", e.g. "train:CountDownConfig") given, they are
-    composed as the trainer will compose them. That imports torch and AReaL, seconds that are
-    paid only when such an override is given.
+    `+` and `~` overrides add or delete keys, and some values pass the file's types but not
+    the dataclass's own checks (`actor.pass_at_k` above the group size): with `config_class`
+    ("module:Class", e.g. "train:CountDownConfig") given, every override is then composed as
+    the trainer will compose it. That imports torch and AReaL, seconds paid only when an
+    override is given, before a run of minutes.
     """
     from omegaconf import OmegaConf
 
@@ -80,7 +81,7 @@ def config_override_problem(overrides: list[str], config_file: str, config_class
             problem = config_errors.unknown_key_problem(key, config_file)
             if problem := problem or config_errors.wrong_type_problem(key, value, config):
                 return problem
-    if config_class and any(override.startswith(("+", "~")) for override in overrides):
+    if config_class and overrides:
         module, name = config_class.split(":")
         config_cls = getattr(importlib.import_module(module), name)
         return config_errors.config_problem(["--config", config_file, *overrides], config_cls)
