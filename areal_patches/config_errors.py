@@ -23,7 +23,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from launch.preflight import exit_bad_input, key_of_override
+from launch.preflight import exit_bad_input, key_of_override, overrides_in
 
 
 def child_keys(node) -> list[str]:
@@ -108,8 +108,7 @@ def refusal(error: Exception, argv: list[str], config_cls: type) -> str:
     """One line for Hydra's, OmegaConf's or a dataclass's refusal of the config in `argv`."""
     config_file = argv[argv.index("--config") + 1] if "--config" in argv else "the config file"
     if isinstance(error, ConfigCompositionException):
-        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-        key = next((key_of_override(o) for o in overrides if repr(key_of_override(o)) in str(error)), None)
+        key = next((key_of_override(o) for o in overrides_in(argv) if repr(key_of_override(o)) in str(error)), None)
         return override_problem(key, config_cls, config_file) if key else str(error).splitlines()[0]
     key = getattr(error, "full_key", None)
     if key and isinstance(error, ConfigKeyError) and (problem := unknown_field_problem(key, config_cls)):

@@ -48,6 +48,11 @@ def key_of_override(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def overrides_in(argv: list[str]) -> list[str]:
+    """The KEY=VALUE overrides of a trainer's command line (options start with -)."""
+    return [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+
+
 def override_value(overrides: list[str], key: str) -> str | None:
     """The value the last override of `key` gives it."""
     for override in reversed(overrides):
@@ -104,7 +109,7 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
     config_file = argv[argv.index("--config") + 1]
     if not os.path.isfile(config_file):
         exit_bad_input(program, f"{config_file}: no such config file")
-    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    overrides = overrides_in(argv)
     if problem := config_override_problem(overrides, config_file):
         exit_bad_input(program, problem)
     config = OmegaConf.load(config_file)
