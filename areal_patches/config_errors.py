@@ -137,10 +137,14 @@ def config_problem(argv: list[str], config_cls: type) -> str | None:
 
 
 def load_config(argv: list[str], config_cls: type, program: str):
-    """AReaL's `load_expr_config(argv, config_cls)`, with one-line errors for bad overrides."""
+    """AReaL's `load_expr_config(argv, config_cls)`, after a one-line refusal of a bad config.
+
+    The config is composed first on its own, so that only composition's errors become
+    refusals: an error from what `load_expr_config` does after it (name_resolve, writing
+    config.yaml) keeps its traceback.
+    """
     from areal.api.cli_args import load_expr_config
 
-    try:
-        return load_expr_config(argv, config_cls)
-    except REFUSALS as e:
-        exit_bad_input(program, refusal(e, argv, config_cls))
+    if problem := config_problem(argv, config_cls):
+        exit_bad_input(program, problem)
+    return load_expr_config(argv, config_cls)

@@ -156,3 +156,21 @@ def test_overrides_that_add_or_delete_keys_are_judged_only_by_the_trainers_datac
     assert config_override_problem(overrides, config, "train:CountDownConfig") is None
     problem = config_override_problem([*overrides, "~actor.reff"], config, "train:CountDownConfig")
     assert problem == "Could not delete from config. 'actor.reff' does not exist."
+
+
+def test_an_error_after_the_config_is_composed_keeps_its_traceback(monkeypatch, data, tmp_path):
+    """Only composition's errors are one-line refusals. A ValueError from what AReaL does with
+    the composed config (name_resolve's set-up, made to fail here) is raised as it is."""
+    from areal.utils import name_resolve
+
+    from areal_patches.config_errors import load_config
+    from train import CountDownConfig
+
+    def refuse(*_) -> None:
+        raise ValueError("name_resolve refused")
+
+    monkeypatch.setattr(name_resolve, "reconfigure", refuse)
+    argv = ["--config", str(ROOT / "train_config.yaml"), "scheduler.type=local", f"cluster.fileroot={tmp_path}",
+            f"train_dataset.path={data}/train_e.jsonl", f"valid_dataset.path={data}/test_e.jsonl"]  # fmt: skip
+    with pytest.raises(ValueError, match="name_resolve refused"):
+        load_config(argv, CountDownConfig, "train.py")
