@@ -256,7 +256,7 @@ def run_trainer(
     stop = stop or threading.Event()
     stopping = threading.Lock()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
+    with log_path.open("w", buffering=1) as log:  # by lines: `tail -f` shows the run as it goes
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,

@@ -330,6 +330,12 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
+def stop_cleanly_on_sigterm() -> None:
+    """`timeout` on the GPU machine sends SIGTERM: exit through the `finally` blocks, which stop
+    the trainer and the server cleanly and still copy what the run has written so far."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def copy_outputs(work: Path, out: Path) -> None:
     """What comes back from the GPU machine (its $OUT takes a few flat files)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -413,9 +419,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main() -> None:
     args = parse_args(sys.argv[1:])
     args.work.mkdir(parents=True, exist_ok=True)
-    # `timeout` on the GPU machine sends SIGTERM: stop the trainer and the server cleanly and
-    # still copy what the run has written so far.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stop_cleanly_on_sigterm()
     try:
         sft_phase(args) if args.phase == "sft" else grpo_phase(args)
     finally:

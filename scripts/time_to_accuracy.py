@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import signal
 import statistics
 import sys
 import threading
@@ -236,9 +235,7 @@ def main() -> None:
     learning_run.warm_start_model(lr_args)  # before any folder, the data, and TRL's or AReaL's start-up
     lr_args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    # `timeout` on the GPU machine sends SIGTERM: stop the trainer and the server cleanly and
-    # still copy the logs written so far.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    learning_run.stop_cleanly_on_sigterm()
     stem = row_file_stem(args.row, lr_args)
     try:
         record = run_row(args, lr_args, shlex.join(["python3", "-m", "scripts.time_to_accuracy", *argv]))

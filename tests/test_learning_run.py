@@ -7,10 +7,13 @@ import importlib.util
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from safetensors.torch import load_file
 
@@ -90,6 +93,34 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     pushed = int(results["weight_version_evaluated"])  # a push may land between log lines
     assert results["grpo_steps"] <= pushed <= results["grpo_steps"] + 1
     assert set(results["pass@1_after"]) == {"all", "3 numbers", "4 numbers"}
+
+
+def command_line(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # gone meanwhile
+        return ""
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_trainer_and_still_copies_its_log(tmp_path):
+    """`timeout` ends a GPU call with SIGTERM: the run exits 143 through its clean-up, no
+    trainer process is left, and the log written so far reaches --out. The log is on disk
+    line by line while the trainer runs."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    cmd = [sys.executable, "-m", "scripts.learning_run", "sft", "--work", str(work), "--out", str(out), *TOY]
+    run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = work / "sft.log"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and "[sft]" in log.read_text()):  # sft.py's first line, once it has started
+        assert run.poll() is None and time.monotonic() < deadline, "sft.py never started"
+        time.sleep(0.5)
+    trainer = psutil.Process(run.pid).children(recursive=True)
+    assert any("sft.py" in command_line(p) for p in trainer)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=120) == 143
+    assert not [p for p in trainer if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert (out / "sft.log").read_text() == log.read_text()
 
 
 def test_grpo_without_warm_start_says_what_to_do(tmp_path):
