@@ -159,6 +159,9 @@ def main(argv: list[str]) -> None:
         tokenizer, rows, config.retry_probability, config.seed, config.column_work, config.numbers_left, config.signs
     )
     train_set = Dataset.from_list(pack_examples(examples, config.examples_per_row))
+    counted = f"{len(rows)} puzzles in {len(train_set)} rows of up to {config.examples_per_row} examples"
+    if problem := preflight.too_few_for_a_batch(config.train_dataset, counted, len(train_set)):
+        preflight.exit_bad_input("sft.py", problem)
     with SFTTrainer(config, train_dataset=train_set) as trainer:
         trainer.train()
 

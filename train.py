@@ -181,6 +181,8 @@ def main(argv: list[str]) -> None:
         valid_set = load_split(config.valid_dataset.path)
     except (countdown.DataError, FileNotFoundError) as e:
         preflight.exit_bad_input("train.py", e)
+    if problem := preflight.too_few_for_a_batch(config.train_dataset, f"{len(train_set)} puzzles", len(train_set)):
+        preflight.exit_bad_input("train.py", problem)
     tokenizer_path = config.tokenizer_path
     with clean_exit.no_process_left(), start_trainer(config, train_set, valid_set) as trainer:
         server_watchdog.watch_rollout_servers(trainer, config.server_health_grace)

@@ -43,6 +43,19 @@ def check_model_path(path: str, key: str = "actor.path") -> None:
         )
 
 
+def too_few_for_a_batch(dataset, counted: str, rows: int) -> str | None:
+    """Why a training set would train nothing, or None.
+
+    AReaL's loaders drop the last incomplete batch (`drop_last`, on by default), so a set of
+    fewer rows than one batch gives zero steps: the trainer reports a completed run and saves
+    no model. `dataset` is the trainer's train_dataset config; `counted` says what the rows are.
+    """
+    if dataset.drop_last and rows < dataset.batch_size:
+        return (f"{dataset.path}: {counted}, fewer than one batch (train_dataset.batch_size={dataset.batch_size}): "
+                "the trainer would make no step and save no model; give more puzzles or a smaller batch_size")
+    return None
+
+
 def key_of_override(override: str) -> str:
     """`actor.path` of `actor.path=...`, `+actor.path=...` or `++actor.path=...`."""
     return override.split("=", 1)[0].lstrip("+~")

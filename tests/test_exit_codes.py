@@ -45,3 +45,23 @@ def test_sft_settings_that_cannot_work_are_one_line(overrides, message, tmp_path
     proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f"sft.py: {message}"
+
+
+def test_a_training_set_smaller_than_one_batch_is_refused(tiny_model_dir, tmp_path):
+    """AReaL's loaders drop an incomplete batch, so fewer rows than one batch would train
+    nothing while the trainer reports a completed run."""
+    data = tmp_path / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(6, seed=0))])
+    common = [f"train_dataset.path={data}", f"actor.path={tiny_model_dir}", f"cluster.fileroot={tmp_path}"]
+    sft = ["sft.py", "--config", "configs/sft_warm_start.yaml", *common, f"tokenizer_path={tiny_model_dir}",
+           "examples_per_row=2", "train_dataset.batch_size=4"]  # fmt: skip
+    train = ["train.py", "--config", "train_config.yaml", "scheduler.type=local", *common, f"valid_dataset.path={data}",
+             "train_dataset.batch_size=8"]  # fmt: skip
+    for command, expected in [
+        (sft, f"sft.py: {data}: 6 puzzles in 3 rows of up to 2 examples, fewer than one batch (train_dataset.batch_size=4)"),
+        (train, f"train.py: {data}: 6 puzzles, fewer than one batch (train_dataset.batch_size=8)"),
+    ]:
+        proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
