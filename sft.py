@@ -5,6 +5,7 @@ have nothing to reinforce. A short round of supervised fine-tuning on the stored
 written in the `<think>...</think><answer>...</answer>` format, gives it a non-zero success
 rate to start from (docs/results.md).
 
+    python3 sft.py --config configs/sft_warm_start.yaml  (AReaL's single controller, as train.py)
     torchrun --nproc-per-node 1 sft.py --config configs/sft_warm_start.yaml  (AREAL_SPMD_MODE=1)
 
 Several examples share one row (`examples_per_row`), so a batch of B rows trains on
@@ -167,4 +168,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # Run as the module `sft`, not as `__main__`: in single-controller mode AReaL sends the
+    # config to its workers, which rebuild WarmStartConfig by its module name.
+    import sft
+
+    sft.main(sys.argv[1:])

@@ -1,0 +1,32 @@
+"""sft.py run as train.py is: `python3 sft.py --config configs/sft_warm_start.yaml` is AReaL's
+single controller (the config's `scheduler.type: local`), which starts its own training worker."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+import countdown
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(600)
+def test_sft_runs_as_areals_single_controller(tiny_model_dir, tmp_path):
+    data = tmp_path / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(32, seed=0))])
+    command = [
+        sys.executable, "sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}",
+        f"actor.path={tiny_model_dir}", f"tokenizer_path={tiny_model_dir}", f"cluster.fileroot={tmp_path}",
+        f"cluster.name_resolve.nfs_record_root={tmp_path}/name_resolve", "train_dataset.batch_size=4",
+        "actor.mb_spec.max_tokens_per_mb=4096",
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # 32 puzzles, 4 to a row, 4 rows a batch: 2 steps an epoch, 2 epochs, saved after each
+    saved = sorted(tmp_path.glob("checkpoints/*/countdown-sft/*/default/epoch*/model.safetensors"))
+    assert [p.parent.name for p in saved] == ["epoch0epochstep1globalstep1", "epoch1epochstep1globalstep3"]
+    scratch, tuned = load_file(tiny_model_dir / "model.safetensors"), load_file(saved[-1])
+    assert any(not scratch[name].equal(tuned[name]) for name in scratch)
