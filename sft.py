@@ -34,7 +34,7 @@ from datasets import Dataset
 
 import countdown
 import areal_patches
-from areal_patches import config_errors
+from areal_patches import clean_exit, config_errors
 from launch import preflight
 from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig
@@ -163,7 +163,7 @@ def main(argv: list[str]) -> None:
     counted = f"{len(rows)} puzzles in {len(train_set)} rows of up to {config.examples_per_row} examples"
     if problem := preflight.too_few_for_a_batch(config.train_dataset, counted, len(train_set)):
         preflight.exit_bad_input("sft.py", problem)
-    with SFTTrainer(config, train_dataset=train_set) as trainer:
+    with clean_exit.no_process_left(), SFTTrainer(config, train_dataset=train_set) as trainer:
         trainer.train()
 
 

@@ -1,10 +1,13 @@
 """sft.py run as train.py is: `python3 sft.py --config configs/sft_warm_start.yaml` is AReaL's
 single controller (the config's `scheduler.type: local`), which starts its own training worker."""
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from safetensors.torch import load_file
 
@@ -30,3 +33,30 @@ def test_sft_runs_as_areals_single_controller(tiny_model_dir, tmp_path):
     assert [p.parent.name for p in saved] == ["epoch0epochstep1globalstep1", "epoch1epochstep1globalstep3"]
     scratch, tuned = load_file(tiny_model_dir / "model.safetensors"), load_file(saved[-1])
     assert any(not scratch[name].equal(tuned[name]) for name in scratch)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_sft_leaves_no_worker(tiny_model_dir, tmp_path):
+    """`kill` or `timeout` ends the controller through its clean-up: the worker it started goes too."""
+    data = tmp_path / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(4096, seed=0))])
+    command = [
+        sys.executable, "sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}",
+        f"actor.path={tiny_model_dir}", f"tokenizer_path={tiny_model_dir}", f"cluster.fileroot={tmp_path}",
+        f"cluster.name_resolve.nfs_record_root={tmp_path}/name_resolve", "train_dataset.batch_size=4",
+    ]  # fmt: skip
+    controller = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (workers := [p for p in psutil.Process(controller.pid).children(recursive=True) if is_worker(p)]):
+        assert controller.poll() is None and time.monotonic() < deadline, "no worker started"
+        time.sleep(0.5)
+    controller.send_signal(signal.SIGTERM)
+    assert controller.wait(timeout=120) == 128 + signal.SIGTERM
+    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def is_worker(process: psutil.Process) -> bool:
+    try:
+        return "areal_patches.worker" in process.cmdline()
+    except psutil.Error:  # gone meanwhile
+        return False
