@@ -16,16 +16,20 @@ import countdown
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def sft_command(model: Path, data: Path, fileroot: Path) -> list[str]:
+    """The README's sft.py command on the tiny model, 4 rows a batch, its files under `fileroot`."""
+    return [
+        sys.executable, "sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}",
+        f"actor.path={model}", f"tokenizer_path={model}", f"cluster.fileroot={fileroot}",
+        f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve", "train_dataset.batch_size=4",
+    ]  # fmt: skip
+
+
 @pytest.mark.timeout(600)
 def test_sft_runs_as_areals_single_controller(tiny_model_dir, tmp_path):
     data = tmp_path / "train.jsonl"
     countdown.write_jsonl([(data, countdown.generate_puzzles(32, seed=0))])
-    command = [
-        sys.executable, "sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}",
-        f"actor.path={tiny_model_dir}", f"tokenizer_path={tiny_model_dir}", f"cluster.fileroot={tmp_path}",
-        f"cluster.name_resolve.nfs_record_root={tmp_path}/name_resolve", "train_dataset.batch_size=4",
-        "actor.mb_spec.max_tokens_per_mb=4096",
-    ]  # fmt: skip
+    command = [*sft_command(tiny_model_dir, data, tmp_path), "actor.mb_spec.max_tokens_per_mb=4096"]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # 32 puzzles, 4 to a row, 4 rows a batch: 2 steps an epoch, 2 epochs, saved after each
@@ -40,11 +44,7 @@ def test_sigterm_to_sft_leaves_no_worker(tiny_model_dir, tmp_path):
     """`kill` or `timeout` ends the controller through its clean-up: the worker it started goes too."""
     data = tmp_path / "train.jsonl"
     countdown.write_jsonl([(data, countdown.generate_puzzles(4096, seed=0))])
-    command = [
-        sys.executable, "sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}",
-        f"actor.path={tiny_model_dir}", f"tokenizer_path={tiny_model_dir}", f"cluster.fileroot={tmp_path}",
-        f"cluster.name_resolve.nfs_record_root={tmp_path}/name_resolve", "train_dataset.batch_size=4",
-    ]  # fmt: skip
+    command = sft_command(tiny_model_dir, data, tmp_path)
     controller = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while not (workers := [p for p in psutil.Process(controller.pid).children(recursive=True) if is_worker(p)]):
