@@ -22,6 +22,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def command_line(process: psutil.Process) -> str:
+    """The process's command line, or "" once it has gone."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 model with the project's own tokenizer, as a normal HF folder."""

@@ -18,6 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 import countdown
+from conftest import alive, command_line
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "16",
@@ -95,13 +96,6 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     assert set(results["pass@1_after"]) == {"all", "3 numbers", "4 numbers"}
 
 
-def command_line(process: psutil.Process) -> str:
-    try:
-        return " ".join(process.cmdline())
-    except psutil.Error:  # gone meanwhile
-        return ""
-
-
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_trainer_and_still_copies_its_log(tmp_path):
     """`timeout` ends a GPU call with SIGTERM: the run exits 143 through its clean-up, no
@@ -119,7 +113,7 @@ def test_sigterm_stops_the_trainer_and_still_copies_its_log(tmp_path):
     assert any("sft.py" in command_line(p) for p in trainer)
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=120) == 143
-    assert not [p for p in trainer if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in trainer if alive(p.pid)]
     assert (out / "sft.log").read_text() == log.read_text()
 
 

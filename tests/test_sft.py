@@ -12,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 import countdown
+from conftest import alive, command_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,16 +48,10 @@ def test_sigterm_to_sft_leaves_no_worker(tiny_model_dir, tmp_path):
     command = sft_command(tiny_model_dir, data, tmp_path)
     controller = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
-    while not (workers := [p for p in psutil.Process(controller.pid).children(recursive=True) if is_worker(p)]):
+    tree = psutil.Process(controller.pid)
+    while not (workers := [p for p in tree.children(recursive=True) if "areal_patches.worker" in command_line(p)]):
         assert controller.poll() is None and time.monotonic() < deadline, "no worker started"
         time.sleep(0.5)
     controller.send_signal(signal.SIGTERM)
     assert controller.wait(timeout=120) == 128 + signal.SIGTERM
-    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-
-def is_worker(process: psutil.Process) -> bool:
-    try:
-        return "areal_patches.worker" in process.cmdline()
-    except psutil.Error:  # gone meanwhile
-        return False
+    assert not [p for p in workers if alive(p.pid)]
