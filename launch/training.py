@@ -174,16 +174,22 @@ def cpu_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> lis
     ]
 
 
+def torchrun_command(n_procs: int, *args: str) -> list[str]:
+    """torchrun with `n_procs` processes on this machine, as AReaL's local launcher starts a
+    trainer (areal/infra/launcher/local.py); `args`: a script or `-m module`, then its own."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(n_procs),
+        "--master-addr", "localhost", "--master-port", str(find_free_port()),
+        *args,
+    ]  # fmt: skip
+
+
 def trainer_command(
     overrides: list[str], script: str = "train.py", config: str = "train_config.yaml"
 ) -> list[str]:
-    """The command AReaL's local launcher runs for the trainer (areal/infra/launcher/local.py)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", "1",
-        "--master-addr", "localhost", "--master-port", str(find_free_port()),
-        script, "--config", config, *overrides,
-    ]  # fmt: skip
+    """The command AReaL's local launcher runs for the trainer."""
+    return torchrun_command(1, script, "--config", config, *overrides)
 
 
 def trainer_env(server_addr: str) -> dict[str, str]:

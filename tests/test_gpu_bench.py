@@ -1,6 +1,11 @@
 """The parts of bench/gpu/train_step.py whose numbers need no GPU to check: the GPU-time
 attribution of its --profile table (bench/gpu/timeline.py), on a hand-made trace, and the
-"pad each sequence" attention it times against packed_sdpa."""
+"pad each sequence" attention it times against packed_sdpa; its scaling table, and its rows
+on two FSDP ranks, run on CPU."""
+
+import json
+import subprocess
+import sys
 
 import torch
 
@@ -89,3 +94,38 @@ def test_padded_attention_equals_one_sdpa_call_per_sequence():
     per_sequence = packed_sdpa.sdpa_per_sequence(module, query, key, value, bounds, scaling=module.scaling)
     assert padded.shape == per_sequence.shape == (1, 40, heads, dim)
     assert (padded - per_sequence).abs().max().item() < 1e-5
+
+
+def bench_row(shape: str, ranks: int, tokens_per_s: int, **knobs) -> dict:
+    setting = train_step.shipped_setting()
+    return dict(framework="AReaL", shape=shape, ranks=ranks, step_s=1.0, tokens_per_s=tokens_per_s, mfu=0.4,
+                peak_mem_gib=10.0, **{**train_step.dataclasses.asdict(setting), **knobs})  # fmt: skip
+
+
+def test_scaling_compares_each_rank_count_with_one_rank_of_the_same_shape_and_setting():
+    rows = [bench_row("1.5b", 1, 1000), bench_row("1.5b", 2, 950), bench_row("3b", 2, 400),
+            bench_row("1.5b", 2, 500, n_minibatches=1), bench_row("1.5b", 4, 0) | dict(error="OOM")]  # fmt: skip
+    table = train_step.scaling(rows)
+    assert [(r["shape"], r["ranks"], r["efficiency"]) for r in table] == [
+        ("1.5b", 1, 1.0), ("1.5b", 2, 0.95), ("3b", 2, None), ("1.5b", 2, None),
+    ]  # no one-rank row of 3b, nor of one minibatch: no efficiency; the failed row is left out
+
+
+def test_the_bench_runs_its_areal_row_on_two_fsdp_ranks(tmp_path):
+    """The multi-GPU rows' code path on CPU (two gloo ranks under torchrun): the numbers mean
+    nothing here, the row must come back whole from the first rank."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
+         "--rows", "1", "--steps", "1", "--no-trl", "--ranks", "2", "--json", str(out)],
+        cwd=train_step.ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert "error" not in row, row["error"]
+    assert row["ranks"] == 2 and row["seqs"] == 8
+    samples = train_step.make_samples(8, train_step.SHAPES["small"][5])
+    assert row["tokens"] == sum(len(s.prompt) + len(s.completion) for s in samples)  # one rank's batch
+    assert [r["ranks"] for r in result["scaling"]] == [2]
+    assert "| small |" in proc.stdout and "| 2 |" in proc.stdout  # the scaling table

@@ -1,7 +1,7 @@
 """GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor as train.py runs it, and TRL.
 
     python3 -m bench.gpu.train_step [--shapes small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
-                                    [--no-trl] [--rows N] [--profile DIR] [--device cpu]
+                                    [--no-trl] [--rows N] [--profile DIR] [--device cpu] [--ranks 1 2 4]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
 saved once per shape and loaded by both frameworks. The batch is the shipped config's kind:
@@ -68,6 +68,12 @@ memory (torch.cuda.max_memory_allocated), and two MFUs against the measured bf16
 DIR/profile_SHAPE.txt: GPU busy and idle time by phase of AReaL's step (bench/gpu/timeline.py),
 then the costliest GPU operations.
 
+--ranks runs the AReaL rows on each given number of FSDP ranks, one GPU each (torchrun, as
+AReaL's launchers start the trainer), every rank with its own batch of --seqs sequences: weak
+scaling, the per-GPU work of a larger trainer allocation. Step time, tokens/s and MFU are per
+GPU, and the peak memory is the largest of the ranks'. The scaling table gives each count's
+tokens/s per GPU against one rank's (weak-scaling efficiency). TRL runs on one GPU only.
+
 Prints progress lines and Markdown tables to stdout; --json writes all rows (and every
 timed step) to a file, rewritten after each process so a run cut short keeps its rows.
 """
@@ -86,7 +92,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from dev_server.client import find_free_port
+from launch.training import torchrun_command
 
 START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -184,10 +190,22 @@ def reset_memory() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def peak_memory_gib() -> float:
-    import torch
+def world_size() -> int:
+    """FSDP ranks of this child (torchrun's WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
-    return round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else 0.0
+
+def peak_memory_gib() -> float:
+    """The largest peak of the ranks: the one that must fit its GPU. Every rank calls it."""
+    import torch
+    import torch.distributed as dist
+
+    if DEVICE != "cuda":
+        return 0.0
+    peak = torch.tensor(float(torch.cuda.max_memory_allocated()), device="cuda")
+    if dist.is_initialized() and world_size() > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return round(peak.item() / 2**30, 1)
 
 
 def matmul_tflops() -> float:
@@ -241,6 +259,8 @@ def ensure_model(shape: str) -> Path:
             model = Qwen2ForCausalLM(qwen2_config(shape))
         model.to(torch.bfloat16).save_pretrained(path)
         del model
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()  # leave the GPU's memory to the child processes
     return path
 
 
@@ -283,7 +303,9 @@ def timing_fields(shape, samples, n_params, peak_tflops, times, forwards) -> dic
 
 
 def emit(row: dict) -> None:
-    print("ROW " + json.dumps(row), flush=True)
+    """The row, from the first rank only (every rank computes it)."""
+    if os.environ.get("RANK", "0") == "0":
+        print("ROW " + json.dumps(row), flush=True)
 
 
 def failure(e: Exception) -> str:
@@ -304,15 +326,16 @@ def build_actor(shape: str, n_seqs: int):
     from train import CountDownConfig
 
     areal_patches.install(weight_push=False)  # as train.py's main() does, less the rollout client's fix
+    backend = f"fsdp:d{world_size()}"
     config, _ = load_expr_config(
-        ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", "actor.backend=fsdp:d1",
+        ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", f"actor.backend={backend}",
          "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr",
          "actor.layers_not_checkpointed=0"]  # each row sets its own (configure)
         + (["actor.dtype=float32"] if DEVICE == "cpu" else []),  # bf16 matmuls crawl on CPU
         CountDownConfig,
     )  # fmt: skip
     actor = FSDPPPOActor(config.actor)
-    actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
+    actor.create_process_group(parallel_strategy=ModelAllocation.from_str(backend).parallel)
     actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=n_seqs, train_batch_size=n_seqs))
     return actor
 
@@ -460,7 +483,7 @@ def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_
     n_params = count_params(shape)
     shipped = shipped_setting()
     for setting in areal_settings(shipped)[:n_rows]:
-        row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
+        row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs, ranks=world_size(),
                    **dataclasses.asdict(setting))  # fmt: skip
         try:
             configure(actor, setting)
@@ -475,8 +498,9 @@ def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_
             row |= dict(logp_s=round(best_logp, 3), update_s=round(best_update, 3),
                         warmup_s=[round(sum(t), 1) for t in warmups],
                         update_tokens_per_s=round(row["tokens"] / best_update))  # fmt: skip
-            if profile_dir and setting == shipped:
-                profile_step(lambda: areal_step(actor, batch), actor.model, profile_dir / f"profile_{shape}.txt")
+            if profile_dir and setting == shipped:  # every rank steps; each writes its own profile
+                rank = f"_rank{os.environ['RANK']}" if world_size() > 1 else ""
+                profile_step(lambda: areal_step(actor, batch), actor.model, profile_dir / f"profile_{shape}{rank}.txt")
         except Exception as e:  # noqa: BLE001 - one failing row (out of memory, say) must not lose the rest
             row["error"] = failure(e)
             actor.optimizer.zero_grad(set_to_none=True)
@@ -577,7 +601,7 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, n_rows: in
     n_params = count_params(shape)
     padded = n_seqs * (PROMPT_LEN + max(len(s.completion) for s in samples))
     for setting in trl_settings(shipped_setting())[:n_rows]:
-        row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs,
+        row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs, ranks=1,
                    gradient_checkpointing=setting.gradient_checkpointing, max_tokens_per_mb=None,
                    n_minibatches=setting.n_minibatches, layers_not_checkpointed=0, packing_algorithm=None,
                    attention="sdpa, right-padded rows", compiled=False,
@@ -601,29 +625,33 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, n_rows: in
 # --- driver ---------------------------------------------------------------------------------
 
 
-def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float) -> list[dict]:
-    """One process per (framework, shape); forwards its rows as they come, keeps its log tail."""
+def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float, ranks: int = 1) -> list[dict]:
+    """One process per (framework, shape), or for AReaL one per rank under torchrun; forwards
+    the rows as they come, keeps the log tail."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if kind == "areal":
-        env |= {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(find_free_port()), "AREAL_SPMD_MODE": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "bench.gpu.train_step", "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
+    cmd = ["-m", "bench.gpu.train_step", "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
            "--peak", str(peak), "--device", DEVICE]  # fmt: skip
+    if kind == "areal":
+        env["AREAL_SPMD_MODE"] = "1"
+        cmd = torchrun_command(ranks, *cmd)
+    else:
+        cmd = [sys.executable, *cmd]
     if args.profile:
         cmd += ["--profile", str(args.profile)]
     if args.rows:
         cmd += ["--rows", str(args.rows)]
-    progress(f"{kind} {shape}: starting")
+    name = f"{kind} {shape}" + (f" on {ranks} ranks" if kind == "areal" else "")
+    progress(f"{name}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows, tail = [], deque(maxlen=30)
     for line in proc.stdout:
         if line.startswith("ROW "):
             rows.append(json.loads(line[4:]))
-            progress(f"{kind} {shape}: {summary(rows[-1])}")
+            progress(f"{name}: {summary(rows[-1])}")
         else:
             tail.append(line.rstrip())
     if proc.wait() != 0:
-        progress(f"{kind} {shape} exited with {proc.returncode}; its last lines:\n" + "\n".join(tail))
+        progress(f"{name} exited with {proc.returncode}; its last lines:\n" + "\n".join(tail))
     return rows
 
 
@@ -662,7 +690,7 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
     def areal(gradient_checkpointing: bool, n_minibatches: int) -> dict | None:
         return next((
             r for r in rows
-            if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"]
+            if r["framework"] == "AReaL" and "error" not in r and r["shape"] == trl_row["shape"] and r["ranks"] == 1
             and r["compiled"] and r["scored_logits"] and r["gathered_once"] and r["attention"] == VARLEN
             and r["max_tokens_per_mb"] == shipped.max_tokens_per_mb
             and r["layers_not_checkpointed"] == shipped.layers_not_checkpointed
@@ -692,6 +720,30 @@ def ratios(rows: list[dict], shipped: Setting) -> list[dict]:
                 else round(areal_row["update_tokens_per_s"] / trl_row["tokens_per_s"], 2),
             ))  # fmt: skip
     return out
+
+
+def scaling(rows: list[dict]) -> list[dict]:
+    """Each AReaL row's tokens/s per GPU against the same shape and setting on one rank."""
+    measured = [r for r in rows if r["framework"] == "AReaL" and "error" not in r]
+    one_rank = {(r["shape"], knobs(r)): r for r in measured if r["ranks"] == 1}
+    out = []
+    for r in measured:
+        base = one_rank.get((r["shape"], knobs(r)))
+        out.append(dict(
+            shape=r["shape"], setting=knobs(r), ranks=r["ranks"], step_s=r["step_s"], tokens_per_s_per_gpu=r["tokens_per_s"],
+            efficiency=round(r["tokens_per_s"] / base["tokens_per_s"], 3) if base else None,
+            mfu=r["mfu"], peak_mem_gib=r["peak_mem_gib"],
+        ))  # fmt: skip
+    return out
+
+
+def print_scaling(scaling_rows: list[dict]) -> None:
+    print("\n| shape | setting | FSDP ranks | step (s) | tokens/s per GPU | weak-scaling efficiency | MFU per GPU "
+          "| peak mem per GPU (GiB) |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for r in scaling_rows:
+        efficiency = "-" if r["efficiency"] is None else f"{r['efficiency']:.1%}"
+        print(f"| {r['shape']} | {r['setting']} | {r['ranks']} | {r['step_s']} | {r['tokens_per_s_per_gpu']} "
+              f"| {efficiency} | {r['mfu']:.1%} | {r['peak_mem_gib']} |", flush=True)  # fmt: skip
 
 
 def print_tables(rows: list[dict], ratio_rows: list[dict]) -> None:
@@ -739,6 +791,8 @@ def main() -> None:
                         help="profile one more step of AReaL's shipped config: DIR/profile_SHAPE.txt")  # fmt: skip
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: a quick check that the code paths run (float32, no timing value)")  # fmt: skip
+    parser.add_argument("--ranks", nargs="+", type=int, default=[1], metavar="N",
+                        help="FSDP ranks (GPUs) for the AReaL rows, each with its own --seqs batch")  # fmt: skip
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--peak", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -759,15 +813,21 @@ def main() -> None:
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     shipped = shipped_setting()
-    result = dict(gpu=gpu, matmul_tflops=round(peak), date=time.strftime("%Y-%m-%d"), seqs=args.seqs,
-                  shipped=dataclasses.asdict(shipped), rows=[], ratios=[])  # fmt: skip
+    result = dict(gpu=gpu, gpus=torch.cuda.device_count() if DEVICE == "cuda" else 0, matmul_tflops=round(peak),
+                  date=time.strftime("%Y-%m-%d"), seqs=args.seqs, shipped=dataclasses.asdict(shipped),
+                  rows=[], ratios=[], scaling=[])  # fmt: skip
+    children = [("areal", ranks) for ranks in args.ranks] + ([] if args.no_trl else [("trl", 1)])
     for shape in args.shapes:
-        for kind in ["areal"] + ([] if args.no_trl else ["trl"]):
-            result["rows"] += run_child(kind, shape, args, peak)
+        ensure_model(shape)  # here, before several ranks would each save it
+        for kind, ranks in children:
+            result["rows"] += run_child(kind, shape, args, peak, ranks)
             result["ratios"] = ratios(result["rows"], shipped)
+            result["scaling"] = scaling(result["rows"])
             if args.json:
                 args.json.write_text(json.dumps(result, indent=1))
     print_tables(result["rows"], result["ratios"])
+    if args.ranks != [1]:
+        print_scaling(result["scaling"])
 
 
 if __name__ == "__main__":
