@@ -42,6 +42,18 @@ SERVER_LOAD = re.compile(
 )
 
 
+# Where AReaL put each worker: its single controller's scheduler, and its local launcher.
+WORKER_GPUS = re.compile(r"Worker ([\w-]+)/\d+ started \(PID: \d+, GPUs: \[([^\]]*)\]")
+LAUNCHED_ON = re.compile(r"Starting local process with command: .*?CUDA_VISIBLE_DEVICES=([\d,]+) .*tee -a (\S+)")
+SERVER_ROLES, TRAINER_ROLES = {"rollout", "llm_server"}, {"actor", "trainer"}
+
+
+def cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def needs(launcher: str) -> None:
     if launcher == "slurm" and os.geteuid() != 0:
         pytest.skip("the Slurm cluster needs root (slurmd, munged; Slurm is installed with apt)")
@@ -96,6 +108,18 @@ def server_loads(run_dir: Path) -> dict[str, list[tuple[str, float]]]:
     return loads
 
 
+def gpus_by_role(log: str) -> dict[str, set[int]]:
+    """The GPUs each role was given, from the run's log: the single controller's
+    `Worker actor/0 started (..., GPUs: [1], ...)`, the local launcher's
+    `CUDA_VISIBLE_DEVICES=1 ... | tee -a .../trainer.log`."""
+    found: dict[str, set[int]] = {}
+    for role, ids in WORKER_GPUS.findall(log):
+        found.setdefault(role, set()).update(int(i.strip(" '\"")) for i in ids.split(",") if i.strip())
+    for ids, log_file in LAUNCHED_ON.findall(log):
+        found.setdefault(Path(log_file).stem, set()).update(int(i) for i in ids.split(","))
+    return found
+
+
 def assert_each_push_changed_the_weights(loads: list[tuple[str, float]]) -> None:
     """One server's loads: the model, then every push, each changing what it computes."""
     assert [Path(folder).name for folder, _ in loads] == ["model", "weight_update_v1", "weight_update_v2"], loads
@@ -136,22 +160,50 @@ def test_the_shipped_layout_scaled_down_two_servers_and_two_trainer_ranks(launch
     layout = ["cluster.n_gpus_per_node=4", "allocation_mode=sglang:d2p1t1+fsdp:d2p1t1",
               "rollout.backend=sglang:d2p1t1", "actor.backend=fsdp:d2p1t1"]  # fmt: skip
     proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *layout)
+    assert_layout_ran(proc, run_dir, before, width=2)
+
+
+def assert_layout_ran(proc: subprocess.Popen, run_dir: Path, before: dict[int, str], width: int) -> str:
+    """A 2-step run of `width` rollout servers and `width` FSDP ranks: both steps, evaluation,
+    a recover checkpoint, every push changing every server's weights alike, nothing left
+    running. Returns the run's log."""
     output, _ = proc.communicate(timeout=840)
     assert proc.returncode == 0, output[-4000:]
     log = (run_dir / "train.log").read_text(errors="replace")
-    assert "dp=2, sp=1, tp=1, ep=1, etp=1, world_size=2" in log
+    assert f"dp={width}, sp=1, tp=1, ep=1, etp=1, world_size={width}" in log
     scalars = plot.load_run(run_dir / "logs" / "tensorboard")
     assert sorted(scalars["eval-rollout/success"]) == [0, 1]
     assert list(run_dir.glob("checkpoints/*/*/*/default/recover_checkpoint/*"))
 
     loads = server_loads(run_dir)
-    assert len(loads) == 2, loads
+    assert len(loads) == width, loads
     for server in loads.values():
         assert_each_push_changed_the_weights(server)
-    first, second = loads.values()
-    assert [f for _, f in first] == [f for _, f in second]  # both serve the same weights at each version
+    fingerprints = {tuple(f for _, f in server) for server in loads.values()}
+    assert len(fingerprints) == 1, loads  # every server serves the same weights at each version
 
     assert left_behind(run_dir, before) == []
+    return log
+
+
+@pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 or more GPUs; its GPU run: docs/results.md, issue 24")
+@pytest.mark.parametrize("launcher", ["single", "local"])
+def test_the_shipped_layout_on_this_hosts_gpus(launcher, start_demo, tmp_path):
+    """train_config.yaml's allocation (sglang:d4 + fsdp:d4 on 8 GPUs) scaled to this host's
+    GPUs: half for rollout servers, half for FSDP ranks (NCCL), each on GPUs of its own."""
+    gpus = cuda_devices()
+    width = gpus // 2
+    before = live_processes()
+    run_dir = tmp_path / "run"
+    layout = [f"cluster.n_gpus_per_node={gpus}", f"allocation_mode=sglang:d{width}p1t1+fsdp:d{width}p1t1",
+              f"rollout.backend=sglang:d{width}p1t1", f"actor.backend=fsdp:d{width}p1t1"]  # fmt: skip
+    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *layout)
+    log = assert_layout_ran(proc, run_dir, before, width)
+
+    placed = gpus_by_role(log)
+    servers = set().union(*(ids for role, ids in placed.items() if role in SERVER_ROLES))
+    trainers = set().union(*(ids for role, ids in placed.items() if role in TRAINER_ROLES))
+    assert len(servers) == len(trainers) == width and servers.isdisjoint(trainers), placed
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
