@@ -54,6 +54,12 @@ def cuda_devices() -> int:
     return torch.cuda.device_count()
 
 
+def layout(gpus: int, width: int) -> list[str]:
+    """train_config.yaml's allocation on `gpus` devices: `width` rollout servers, `width` FSDP ranks."""
+    return [f"cluster.n_gpus_per_node={gpus}", f"allocation_mode=sglang:d{width}p1t1+fsdp:d{width}p1t1",
+            f"rollout.backend=sglang:d{width}p1t1", f"actor.backend=fsdp:d{width}p1t1"]  # fmt: skip
+
+
 def needs(launcher: str) -> None:
     if launcher == "slurm" and os.geteuid() != 0:
         pytest.skip("the Slurm cluster needs root (slurmd, munged; Slurm is installed with apt)")
@@ -157,9 +163,7 @@ def test_the_shipped_layout_scaled_down_two_servers_and_two_trainer_ranks(launch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the devices AReaL's scheduler hands out
     before = live_processes()
     run_dir = tmp_path / "run"
-    layout = ["cluster.n_gpus_per_node=4", "allocation_mode=sglang:d2p1t1+fsdp:d2p1t1",
-              "rollout.backend=sglang:d2p1t1", "actor.backend=fsdp:d2p1t1"]  # fmt: skip
-    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *layout)
+    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *layout(4, width=2))
     assert_layout_ran(proc, run_dir, before, width=2)
 
 
@@ -195,9 +199,7 @@ def test_the_shipped_layout_on_this_hosts_gpus(launcher, start_demo, tmp_path):
     width = gpus // 2
     before = live_processes()
     run_dir = tmp_path / "run"
-    layout = [f"cluster.n_gpus_per_node={gpus}", f"allocation_mode=sglang:d{width}p1t1+fsdp:d{width}p1t1",
-              f"rollout.backend=sglang:d{width}p1t1", f"actor.backend=fsdp:d{width}p1t1"]  # fmt: skip
-    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *layout)
+    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *layout(gpus, width))
     log = assert_layout_ran(proc, run_dir, before, width)
 
     placed = gpus_by_role(log)

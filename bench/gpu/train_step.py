@@ -195,6 +195,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rank() -> int:
+    """This process's rank among them (torchrun's RANK)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def peak_memory_gib() -> float:
     """The largest peak of the ranks: the one that must fit its GPU. Every rank calls it."""
     import torch
@@ -304,7 +309,7 @@ def timing_fields(shape, samples, n_params, peak_tflops, times, forwards) -> dic
 
 def emit(row: dict) -> None:
     """The row, from the first rank only (every rank computes it)."""
-    if os.environ.get("RANK", "0") == "0":
+    if rank() == 0:
         print("ROW " + json.dumps(row), flush=True)
 
 
@@ -499,8 +504,8 @@ def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_
                         warmup_s=[round(sum(t), 1) for t in warmups],
                         update_tokens_per_s=round(row["tokens"] / best_update))  # fmt: skip
             if profile_dir and setting == shipped:  # every rank steps; each writes its own profile
-                rank = f"_rank{os.environ['RANK']}" if world_size() > 1 else ""
-                profile_step(lambda: areal_step(actor, batch), actor.model, profile_dir / f"profile_{shape}{rank}.txt")
+                suffix = f"_rank{rank()}" if world_size() > 1 else ""
+                profile_step(lambda: areal_step(actor, batch), actor.model, profile_dir / f"profile_{shape}{suffix}.txt")
         except Exception as e:  # noqa: BLE001 - one failing row (out of memory, say) must not lose the rest
             row["error"] = failure(e)
             actor.optimizer.zero_grad(set_to_none=True)
