@@ -129,3 +129,20 @@ def test_the_bench_runs_its_areal_row_on_two_fsdp_ranks(tmp_path):
     assert row["tokens"] == sum(len(s.prompt) + len(s.completion) for s in samples)  # one rank's batch
     assert [r["ranks"] for r in result["scaling"]] == [2]
     assert "| small |" in proc.stdout and "| 2 |" in proc.stdout  # the scaling table
+
+
+def test_a_failing_rank_shows_its_own_error_not_only_torchruns_summary(tmp_path):
+    """Under torchrun the last lines of a failed child are torchrun's ChildFailedError; the
+    rank's own exception must be on screen too. areal is replaced by a package that fails to
+    import (on purpose), so both ranks fail at once."""
+    (tmp_path / "areal").mkdir()
+    (tmp_path / "areal" / "__init__.py").write_text('raise ImportError("areal broken on purpose")\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
+         "--rows", "1", "--steps", "1", "--no-trl", "--ranks", "2"],
+        cwd=train_step.ROOT, capture_output=True, text=True, timeout=300,
+        env={**train_step.os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert "small on 2 ranks exited with 1" in proc.stdout, proc.stdout[-3000:]
+    assert "ImportError: areal broken on purpose" in proc.stdout
+    assert "ChildFailedError" in proc.stdout  # torchrun's summary, after the rank's error

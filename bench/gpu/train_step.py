@@ -648,15 +648,21 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float, rank
     name = f"{kind} {shape}" + (f" on {ranks} ranks" if kind == "areal" else "")
     progress(f"{name}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rows, tail = [], deque(maxlen=30)
+    rows, tail, first_error = [], deque(maxlen=30), []
     for line in proc.stdout:
         if line.startswith("ROW "):
             rows.append(json.loads(line[4:]))
             progress(f"{name}: {summary(rows[-1])}")
-        else:
-            tail.append(line.rstrip())
+            continue
+        tail.append(line.rstrip())
+        # Under torchrun the tail is torchrun's own summary: keep the first traceback too, up to
+        # its exception line (the first line after it that is not indented).
+        still_open = first_error[-1].startswith((" ", "Traceback")) if first_error else line.startswith("Traceback")
+        if still_open and len(first_error) < 60:
+            first_error.append(line.rstrip())
     if proc.wait() != 0:
-        progress(f"{name} exited with {proc.returncode}; its last lines:\n" + "\n".join(tail))
+        shown = list(tail) if not first_error or first_error[0] in tail else [*first_error, "...", *tail]
+        progress(f"{name} exited with {proc.returncode}; its first error and last lines:\n" + "\n".join(shown))
     return rows
 
 
