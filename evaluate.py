@@ -10,7 +10,9 @@ pass@k (the unbiased estimator of Chen et al. 2021 over `--n` samples per puzzle
 format rate, mean completion length, truncation rate, exact steps (the share of the
 reasoning's `a op b = v` lines whose arithmetic is right) and failures by kind. It is
 printed as a Markdown table and, with `--out-dir`, written to eval.json, eval.md and
-failures.jsonl (a few failed completions of each kind, for a person to read).
+failures.jsonl (a few failed completions of each kind, for a person to read). With
+`--solved-out`, the puzzles solved are written with their distinct correct completions,
+which sft.py trains on in place of the reference solutions (rejection-sampling fine-tuning).
 
 The defaults (one greedy sample per puzzle, 1024 new tokens) match the trainer's
 evaluation, so `pass@1` here is comparable with `eval-rollout/success` in a run's logs.
@@ -184,6 +186,17 @@ def summarize(samples: list[Sample], ks: list[int]) -> dict:
         "overall": group_metrics(samples, ks),
         "by_num_count": {str(n): group_metrics(by_count[n], ks) for n in sorted(by_count)},
     }
+
+
+def solved_rows(rows: list[dict], samples: list[Sample]) -> list[dict]:
+    """Each puzzle with a correct sample: its row from --data plus `completions`, its distinct
+    correct completions in sample order. Why distinct: a completion sampled again and again
+    would otherwise outweigh the other ways the model found to solve the same puzzle."""
+    found: dict[int, list[str]] = defaultdict(list)
+    for s in sorted(samples, key=lambda s: (s.puzzle, s.sample)):
+        if s.verdict == Verdict.CORRECT and s.completion not in found[s.puzzle]:
+            found[s.puzzle].append(s.completion)
+    return [{**rows[puzzle], "completions": completions} for puzzle, completions in sorted(found.items())]
 
 
 def failure_examples(samples: list[Sample], per_kind: int) -> list[dict]:
@@ -434,6 +447,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", type=Path, help="write eval.json, eval.md and failures.jsonl here")
     p.add_argument("--failures-per-kind", type=int, default=5,
                    help="failures of each kind kept in failures.jsonl (%(default)s)")
+    p.add_argument("--solved-out", type=Path,
+                   help="write the puzzles solved, each with its distinct correct completions, as JSONL "
+                        "(sft.py trains on them: rejection-sampling fine-tuning)")
     args = p.parse_args(argv)
     if args.server and not args.tokenizer:
         p.error("--tokenizer is required with --server")
@@ -499,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out_dir:
         write_outputs(args.out_dir, report, markdown, failure_examples(samples, args.failures_per_kind))
         print(f"wrote {args.out_dir}/eval.json, eval.md and failures.jsonl", file=sys.stderr)
+    if args.solved_out:
+        solved = solved_rows(rows, samples)
+        countdown.write_jsonl([(args.solved_out, solved)])
+        print(f"wrote {len(solved)} solved puzzles to {args.solved_out}", file=sys.stderr)
     return 1 if sum(errors.values()) == len(samples) else 0  # nothing was evaluated
 
 

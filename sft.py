@@ -60,24 +60,44 @@ def sft_examples(
     With `columns`, + and - steps show their column arithmetic (countdown.column_work), and
     with `numbers_left` each step is followed by the numbers left to use. With `signs`, the
     reasoning finds a + and - solution by arithmetic (countdown.signs_completion), and the
-    other three options are ignored.
+    other three options are ignored. A row with `completions` (the model's own correct
+    answers, from evaluate.py --solved-out) gives one example for each of them instead of
+    the reference: rejection-sampling fine-tuning.
     """
     rng = random.Random(seed)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
-    texts = [
-        countdown.signs_completion(row)
-        if signs
-        else countdown.reference_completion(
-            row, countdown.failed_attempts(row, failed_count(rng, retry_probability), rng), columns, numbers_left
-        )
-        for row in rows
-    ]
-    completions = tokenizer(texts, add_special_tokens=False)
+    pairs = []
+    for prompt, row in zip(prompts, rows):
+        texts = row.get("completions") or [reference_text(row, rng, retry_probability, columns, numbers_left, signs)]
+        pairs += [(prompt, text) for text in texts]
+    completions = tokenizer([text for _, text in pairs], add_special_tokens=False)
     examples = []
-    for prompt, completion in zip(prompts, completions["input_ids"]):
+    for (prompt, _), completion in zip(pairs, completions["input_ids"]):
         completion = [*completion, tokenizer.eos_token_id]
         examples.append({"input_ids": prompt + completion, "loss_mask": [0] * len(prompt) + [1] * len(completion)})
     return examples
+
+
+def reference_text(
+    row: dict, rng: random.Random, retry_probability: float, columns: bool, numbers_left: bool, signs: bool
+) -> str:
+    """The completion written from the stored solution, in the format the options ask for."""
+    if signs:
+        return countdown.signs_completion(row)
+    attempts = countdown.failed_attempts(row, failed_count(rng, retry_probability), rng)
+    return countdown.reference_completion(row, attempts, columns, numbers_left)
+
+
+def completions_problem(rows: list[dict]) -> str | None:
+    """What is wrong with the first row whose `completions` sft_examples cannot train on."""
+    for number, row in enumerate(rows, 1):
+        completions = row.get("completions")
+        if completions is None:
+            continue
+        if not isinstance(completions, list) or not completions or not all(isinstance(c, str) for c in completions):
+            return (f"puzzle {number} ({row['nums']} -> {row['target']}): `completions` must be a non-empty "
+                    "list of strings, as evaluate.py --solved-out writes")  # fmt: skip
+    return None
 
 
 def failed_count(rng: random.Random, retry_probability: float) -> int:
@@ -155,6 +175,8 @@ def main(argv: list[str]) -> None:
         rows = countdown.load_puzzles(config.train_dataset.path)
     except countdown.DataError as e:
         preflight.exit_bad_input("sft.py", e)
+    if problem := completions_problem(rows):
+        preflight.exit_bad_input("sft.py", f"{config.train_dataset.path}: {problem}")
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     examples = sft_examples(
         tokenizer, rows, config.retry_probability, config.seed, config.column_work, config.numbers_left, config.signs

@@ -7,7 +7,9 @@ Phase `sft` builds 3-4 number puzzles (countdown.py), a ~25M-parameter Qwen2-arc
 model from random weights with the project's tokenizer (tools/make_tiny_model.py --preset
 small), and warm-starts it with supervised fine-tuning on the reference solutions (sft.py,
 AReaL's SFTTrainer). The final checkpoint is copied to WORK/warm_start, with
-warm_start.json recording how it was made. Phase `grpo` serves a warm-started model
+warm_start.json recording how it was made; with --init and --sft-data it fine-tunes that
+model on that file instead (rejection-sampling fine-tuning on the model's own correct answers,
+from evaluate.py --solved-out). Phase `grpo` serves a warm-started model
 (`--init`, default WORK/warm_start) with the dev server (which stands in for SGLang,
 unavailable on the GPU machine), measures held-out pass@1 with evaluate.py (while the
 trainer starts), trains it with train.py exactly as the SPMD launcher would (FSDPPPOActor,
@@ -82,10 +84,12 @@ def train_file(args: argparse.Namespace) -> Path:
 
 
 def sft_phase(args: argparse.Namespace) -> None:
-    data, model, fileroot = make_data(args), args.work / "model", args.work / "sft"
-    run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
+    data, model, fileroot = make_data(args), (args.init or args.work / "model").resolve(), args.work / "sft"
+    if args.init is None:
+        run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
+    train_dataset = (args.sft_data or train_file(args)).resolve()
     overrides = [
-        f"actor.path={model}", f"train_dataset.path={train_file(args)}",
+        f"actor.path={model}", f"train_dataset.path={train_dataset}",
         f"total_train_epochs={args.sft_epochs}", f"examples_per_row={args.sft_pack}",
         f"train_dataset.batch_size={args.sft_batch // args.sft_pack}",
         f"actor.dtype={args.dtype}", f"actor.optimizer.lr={args.sft_lr}",
@@ -353,7 +357,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("phase", choices=["sft", "grpo"])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learn")
     parser.add_argument("--out", type=Path, help="copy results and logs here too")
-    parser.add_argument("--init", type=Path, help="grpo: warm-started model (default: WORK/warm_start)")
+    parser.add_argument("--init", type=Path,
+                        help="grpo: warm-started model (default: WORK/warm_start); sft: start from this model, "
+                        "not from a new one")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--preset", default="small")
@@ -363,6 +369,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--train-numbers", type=int, choices=[3, 4],
                         help="train only on the train split's puzzles with this many numbers (held-out set unchanged)")
+    parser.add_argument("--sft-data", type=Path,
+                        help="sft: train on this JSONL, not the train split; with --init and evaluate.py "
+                        "--solved-out's file, rejection-sampling fine-tuning of that model")
     parser.add_argument("--sft-epochs", type=int, default=1)
     parser.add_argument("--sft-batch", type=int, default=512, help="examples per SFT step")
     parser.add_argument("--sft-pack", type=int, default=4, help="examples per SFT row (sft.py)")

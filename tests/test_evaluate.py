@@ -266,6 +266,48 @@ def test_flaky_server_is_retried_then_counted(tokenizer, tiny_model_dir, data_fi
     assert "1 request(s) failed (up to 3 tries each)" in err
 
 
+def test_solved_out_keeps_each_solved_puzzle_with_its_distinct_correct_completions(
+        tokenizer, tiny_model_dir, data_file, tmp_path, capsys):
+    """A fake server (mocks SGLang's /generate) answers the first 10 puzzles right, in one of two
+    ways by turns, and the others wrong. --solved-out keeps the 10, each with both ways once,
+    in a file that sft.py loads (rejection-sampling fine-tuning)."""
+    import sft
+
+    rows = countdown.load_puzzles(str(data_file))
+    prompts = [tuple(countdown.prompt_token_ids(tokenizer, r["messages"])) for r in rows]
+    solvable = {prompt: row["solution"] for prompt, row in zip(prompts[:10], rows[:10])}
+    tries: dict[tuple, int] = {}
+
+    async def generate(request: web.Request) -> web.Response:
+        prompt = tuple((await request.json())["input_ids"])
+        tries[prompt] = tries.get(prompt, 0) + 1
+        answer = solvable.get(prompt, "1 + 1")
+        return sglang_reply(tokenizer.encode(f"<think>way {tries[prompt] % 2}</think>\n<answer>{answer}</answer>"))
+
+    out = tmp_path / "solved.jsonl"
+    with fake_server(generate) as addr:
+        code, _, err = run_main(capsys, "--server", addr, "--tokenizer", tiny_model_dir, "--data", data_file,
+                                "--n", 4, "--temperature", 1.0, "--solved-out", out)
+    assert code == 0, err
+    solved = countdown.load_puzzles(str(out))
+    assert [{k: v for k, v in row.items() if k != "completions"} for row in solved] == rows[:10]
+    for row in solved:
+        answer = f"<answer>{row['solution']}</answer>"
+        assert sorted(row["completions"]) == [f"<think>way 0</think>\n{answer}", f"<think>way 1</think>\n{answer}"]
+    assert sft.completions_problem(solved) is None
+    assert "wrote 10 solved puzzles" in err
+
+
+def test_solved_rows_skip_wrong_and_repeated_completions():
+    rows = [{"nums": [1, 2, 3], "target": 10, "id": i} for i in range(3)]
+    samples = [_sample(0, [1, 2, 3], "correct", sample=2), _sample(0, [1, 2, 3], "correct", sample=0),
+               _sample(1, [1, 2, 3], "wrong_value"), _sample(2, [1, 2, 3], "correct", sample=1),
+               _sample(2, [1, 2, 3], "no_answer", sample=0)]
+    samples[0].completion = "second"
+    assert evaluate.solved_rows(rows, samples) == [
+        {**rows[0], "completions": ["...", "second"]}, {**rows[2], "completions": ["..."]}]
+
+
 def test_concurrency_above_100_is_honoured(tokenizer, tiny_model_dir, data_file, tmp_path, capsys):
     """A fake server (mocks SGLang's /generate) holds each request until 120 are in flight, as
     --concurrency 120 asks (aiohttp's default connection pool stops at 100), or for 5 s."""

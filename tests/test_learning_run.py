@@ -97,6 +97,52 @@ def test_sft_then_grpo_on_cpu(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_sft_from_a_model_on_its_own_solved_puzzles(tiny_model_dir, tmp_path):
+    """--init and --sft-data: the sft phase fine-tunes the given model on evaluate.py
+    --solved-out's rows (here written by hand: the toy model solves nothing), each completion
+    one example, instead of building a model and training on the reference solutions."""
+    rows = countdown.generate_puzzles(64, seed=8)
+    solved = [{**row, "completions": [countdown.reference_completion(row), f"<think>again</think>\n<answer>"
+                                      f"{row['solution']}</answer>"]} for row in rows]  # fmt: skip
+    countdown.write_jsonl([(tmp_path / "solved.jsonl", solved)])
+    work = tmp_path / "work"
+    result = learning_run("sft", "--work", str(work), "--init", str(tiny_model_dir), "--sft-data",
+                          str(tmp_path / "solved.jsonl"), "--sft-epochs", "1", "--sft-batch", "32", "--sft-pack", "4")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not (work / "model").exists()  # no new model: it started from --init
+    before = load_file(tiny_model_dir / "model.safetensors")
+    after = load_file(work / "warm_start" / "model.safetensors")
+    assert any(not before[name].equal(after[name]) for name in before)
+    # 128 examples (two per puzzle) in batches of 32 are 4 steps; the 64 reference solutions alone would be 2
+    assert "Epoch 1/1 Step 4/4 Train step 4/4 done." in (work / "sft.log").read_text()
+
+
+def test_sft_examples_train_on_each_of_a_rows_own_completions(tiny_model_dir):
+    import sft
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = countdown.generate_puzzles(3, seed=9)
+    rows[1]["completions"] = ["<think>one</think>", "<think>two</think>"]
+    prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
+    examples = sft.sft_examples(tokenizer, rows)
+    texts = [tokenizer.decode(e["input_ids"][len(p) : -1]) for e, p in zip(examples, [prompts[0], *prompts[1:2] * 2, prompts[2]])]
+    assert texts == [countdown.reference_completion(rows[0]), *rows[1]["completions"], countdown.reference_completion(rows[2])]
+    assert all(e["input_ids"][-1] == tokenizer.eos_token_id for e in examples)
+
+
+def test_sft_says_which_puzzle_has_unusable_completions():
+    import sft
+
+    rows = countdown.generate_puzzles(3, seed=9)
+    assert sft.completions_problem(rows) is None  # no completions: the reference solutions
+    rows[1]["completions"] = []
+    assert sft.completions_problem(rows).startswith(f"puzzle 2 ({rows[1]['nums']} -> {rows[1]['target']}): ")
+    rows[1]["completions"] = ["fine", 7]
+    assert "must be a non-empty list of strings" in sft.completions_problem(rows)
+
+
+@pytest.mark.timeout(300)
 def test_sigterm_stops_the_trainer_and_still_copies_its_log(tmp_path):
     """`timeout` ends a GPU call with SIGTERM: the run exits 143 through its clean-up, no
     trainer process is left, and the log written so far reaches --out. The log is on disk
