@@ -8,7 +8,9 @@ with + - * / and parentheses to hit the target, e.g. [55, 36, 7, 19] -> 65 with
      "messages": [{"role": "system", ...}, {"role": "user", ...}]}
 
 `messages` holds the prompt only; the chat template is applied at training time by
-whichever tokenizer is used (`prompt_token_ids`), so the data fits any model.
+whichever tokenizer is used (`prompt_token_ids`), so the data fits any model. A row may
+also hold `completions`, a model's own correct answers (`evaluate.py --solved-out`), which
+`sft.py` trains on in place of the solution.
 
 Generation works backwards from a random solution instead of searching for one:
 draw the numbers, then repeatedly merge two random sub-expressions with an operator
@@ -543,6 +545,10 @@ def _row_problem(row: object) -> str | None:
         and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
     ):
         return "'messages' must be a non-empty list of {'role': str, 'content': str} objects"
+    if "completions" in row and not (
+        isinstance(row["completions"], list) and row["completions"] and all(isinstance(c, str) for c in row["completions"])
+    ):
+        return "'completions' must be a non-empty list of strings, as evaluate.py --solved-out writes"
     return None
 
 

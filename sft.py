@@ -88,18 +88,6 @@ def reference_text(
     return countdown.reference_completion(row, attempts, columns, numbers_left)
 
 
-def completions_problem(rows: list[dict]) -> str | None:
-    """What is wrong with the first row whose `completions` sft_examples cannot train on."""
-    for number, row in enumerate(rows, 1):
-        completions = row.get("completions")
-        if completions is None:
-            continue
-        if not isinstance(completions, list) or not completions or not all(isinstance(c, str) for c in completions):
-            return (f"puzzle {number} ({row['nums']} -> {row['target']}): `completions` must be a non-empty "
-                    "list of strings, as evaluate.py --solved-out writes")  # fmt: skip
-    return None
-
-
 def failed_count(rng: random.Random, retry_probability: float) -> int:
     """How many failed attempts an example shows: one more with `retry_probability` each
     time, up to MAX_FAILED_ATTEMPTS (so that the longest completion fits in 256 tokens)."""
@@ -175,8 +163,6 @@ def main(argv: list[str]) -> None:
         rows = countdown.load_puzzles(config.train_dataset.path)
     except countdown.DataError as e:
         preflight.exit_bad_input("sft.py", e)
-    if problem := completions_problem(rows):
-        preflight.exit_bad_input("sft.py", f"{config.train_dataset.path}: {problem}")
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     examples = sft_examples(
         tokenizer, rows, config.retry_probability, config.seed, config.column_work, config.numbers_left, config.signs

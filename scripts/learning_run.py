@@ -84,7 +84,8 @@ def train_file(args: argparse.Namespace) -> Path:
 
 
 def sft_phase(args: argparse.Namespace) -> None:
-    data, model, fileroot = make_data(args), (args.init or args.work / "model").resolve(), args.work / "sft"
+    make_data(args)
+    model, fileroot = (args.init or args.work / "model").resolve(), args.work / "sft"
     if args.init is None:
         run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
     train_dataset = (args.sft_data or train_file(args)).resolve()

@@ -357,6 +357,10 @@ BAD_ROWS = [
     ({**GOOD, "solution": None}, "'solution' must be a string"),
     ({**GOOD, "messages": "hi"}, "'messages' must be"),
     ({**GOOD, "messages": [{"role": "user"}]}, "'messages' must be"),
+    ({**GOOD, "completions": []}, "'completions' must be a non-empty list of strings"),
+    ({**GOOD, "completions": "<answer>1 + 2 + 3</answer>"}, "'completions' must be"),
+    ({**GOOD, "completions": ["<answer>1 + 2 + 3</answer>", 7]}, "'completions' must be"),
+    ({**GOOD, "completions": None}, "'completions' must be"),
     (make_row([3, 2, 1], 6, "3 * 2 * 1"), "duplicate of line 1"),
 ]
 

@@ -271,8 +271,6 @@ def test_solved_out_keeps_each_solved_puzzle_with_its_distinct_correct_completio
     """A fake server (mocks SGLang's /generate) answers the first 10 puzzles right, in one of two
     ways by turns, and the others wrong. --solved-out keeps the 10, each with both ways once,
     in a file that sft.py loads (rejection-sampling fine-tuning)."""
-    import sft
-
     rows = countdown.load_puzzles(str(data_file))
     prompts = [tuple(countdown.prompt_token_ids(tokenizer, r["messages"])) for r in rows]
     solvable = {prompt: row["solution"] for prompt, row in zip(prompts[:10], rows[:10])}
@@ -289,12 +287,11 @@ def test_solved_out_keeps_each_solved_puzzle_with_its_distinct_correct_completio
         code, _, err = run_main(capsys, "--server", addr, "--tokenizer", tiny_model_dir, "--data", data_file,
                                 "--n", 4, "--temperature", 1.0, "--solved-out", out)
     assert code == 0, err
-    solved = countdown.load_puzzles(str(out))
+    solved = countdown.load_puzzles(str(out))  # as sft.py loads it, `completions` checked
     assert [{k: v for k, v in row.items() if k != "completions"} for row in solved] == rows[:10]
     for row in solved:
         answer = f"<answer>{row['solution']}</answer>"
         assert sorted(row["completions"]) == [f"<think>way 0</think>\n{answer}", f"<think>way 1</think>\n{answer}"]
-    assert sft.completions_problem(solved) is None
     assert "wrote 10 solved puzzles" in err
 
 

@@ -131,17 +131,6 @@ def test_sft_examples_train_on_each_of_a_rows_own_completions(tiny_model_dir):
     assert all(e["input_ids"][-1] == tokenizer.eos_token_id for e in examples)
 
 
-def test_sft_says_which_puzzle_has_unusable_completions():
-    import sft
-
-    rows = countdown.generate_puzzles(3, seed=9)
-    assert sft.completions_problem(rows) is None  # no completions: the reference solutions
-    rows[1]["completions"] = []
-    assert sft.completions_problem(rows).startswith(f"puzzle 2 ({rows[1]['nums']} -> {rows[1]['target']}): ")
-    rows[1]["completions"] = ["fine", 7]
-    assert "must be a non-empty list of strings" in sft.completions_problem(rows)
-
-
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_trainer_and_still_copies_its_log(tmp_path):
     """`timeout` ends a GPU call with SIGTERM: the run exits 143 through its clean-up, no
