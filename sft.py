@@ -34,7 +34,7 @@ from datasets import Dataset
 
 import countdown
 import areal_patches
-from areal_patches import clean_exit, config_errors
+from areal_patches import clean_exit, config_errors, ray_workers
 from launch import preflight
 from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig
@@ -171,6 +171,7 @@ def main(argv: list[str]) -> None:
     counted = f"{len(rows)} puzzles in {len(train_set)} rows of up to {config.examples_per_row} examples"
     if problem := preflight.too_few_for_a_batch(config.train_dataset, counted, len(train_set)):
         preflight.exit_bad_input("sft.py", problem)
+    ray_workers.install(config.scheduler.type)  # scheduler.type=ray: the fixes in its workers too
     with clean_exit.no_process_left(), SFTTrainer(config, train_dataset=train_set) as trainer:
         trainer.train()
 

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerFast
 
 import areal_patches
 import countdown
-from areal_patches import clean_exit, config_errors, server_watchdog
+from areal_patches import clean_exit, config_errors, ray_workers, server_watchdog
 from launch import preflight
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
@@ -183,6 +183,7 @@ def main(argv: list[str]) -> None:
         preflight.exit_bad_input("train.py", e)
     if problem := preflight.too_few_for_a_batch(config.train_dataset, f"{len(train_set)} puzzles", len(train_set)):
         preflight.exit_bad_input("train.py", problem)
+    ray_workers.install(config.scheduler.type)  # scheduler.type=ray: the fixes in its workers too
     tokenizer_path = config.tokenizer_path
     with clean_exit.no_process_left(), start_trainer(config, train_set, valid_set) as trainer:
         server_watchdog.watch_rollout_servers(trainer, config.server_health_grace)

@@ -16,11 +16,13 @@ for them.
 | `entropy_bonus` | the loss detaches each token's entropy and only logs it: GRPO narrows the policy | `actor.entropy_coef: c` > 0 subtracts c times the mean token entropy from the loss | `actor.entropy_coef: 0` (shipped); `install(entropy_bonus=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
+| `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
 
 Each module's docstring says why and what was measured (docs/results.md has the numbers).
 Nothing is patched on import: `train.py` and `sft.py` call `install()` from `main()`, and the
 single-controller workers run `python3 -m areal_patches.worker` (train_config.yaml's
-`actor.scheduling_spec.cmd`), which installs them before AReaL's RPC server starts.
+`actor.scheduling_spec.cmd`), which installs them before AReaL's RPC server starts; on Ray,
+`ray_workers.setup_worker` does the same.
 """
 
 from __future__ import annotations

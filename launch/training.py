@@ -2,8 +2,8 @@
 launchers submit to, and the SPMD trainer against a server the caller started.
 
 - `run_user_command(launcher, ...)`: the README's training command for `single` (AReaL's
-  single controller), `local`, `ray` or `slurm` (its SPMD launchers), with overrides; a
-  one-node Ray or Slurm cluster is up for the run (launch/ray_cluster.py,
+  single controller), `single-ray` (the same on Ray), `local`, `ray` or `slurm` (its SPMD
+  launchers), with overrides; a one-node Ray or Slurm cluster is up for the run (launch/ray_cluster.py,
   launch/slurm_cluster.py). The demo and tests/test_launchers.py use it.
 - `launch_trainer(...)`: train.py as the SPMD launchers run their trainer, against a dev
   server the caller started (the learning runs and tests/test_train.py use it).
@@ -32,13 +32,14 @@ from dev_server.client import find_free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 SEAM = ROOT / "dev_server" / "sglang_seam"
-LAUNCHERS = ("single", "local", "slurm", "ray")
+LAUNCHERS = ("single", "single-ray", "local", "slurm", "ray")
 
 
 def user_command(launcher: str) -> list[str]:
     """The README's training command for `launcher`, before any override."""
     entry = {
         "single": ["train.py", "--config", "train_config.yaml", "scheduler.type=local"],
+        "single-ray": ["train.py", "--config", "train_config.yaml", "scheduler.type=ray"],
         "local": ["-m", "areal.infra.launcher.local", "train.py", "--config", "train_config.yaml"],
         "slurm": ["-m", "areal.infra.launcher.slurm", "train.py", "--config", "train_config.yaml"],
         "ray": ["-m", "areal.infra.launcher.ray", "train.py", "--config", "train_config.yaml"],
@@ -54,6 +55,10 @@ def launcher_overrides(launcher: str) -> list[str]:
     """What a launcher needs beyond cpu_overrides on this machine."""
     if launcher == "single":
         return []
+    if launcher == "single-ray":
+        # AReaL's RayScheduler refuses a worker that asks for a GPU when the controller's torch
+        # sees none (`_bundle_spec`): on CPU the workers ask Ray for none.
+        return ["++actor.scheduling_spec.0.gpu=0"]
     # The SPMD launchers start a failed trainer again recover.retries times, and the local one
     # takes a finished trainer for a failed one (docs/areal-bugs.md): a demo has nothing to
     # recover. (++: set whether train_config.yaml has the key or not.)
@@ -106,7 +111,7 @@ def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
     The clusters' daemons and jobs run outside the launcher's process group: leaving this
     block stops them, and SIGTERM leaves it the way Ctrl-C does.
     """
-    if launcher == "ray":
+    if launcher in ("ray", "single-ray"):
         from launch import ray_cluster
 
         # Ray's workers inherit the seam from `ray start` and start in ROOT, as the
