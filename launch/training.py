@@ -56,9 +56,11 @@ def launcher_overrides(launcher: str) -> list[str]:
     if launcher == "single":
         return []
     if launcher == "single-ray":
+        import torch
+
         # AReaL's RayScheduler refuses a worker that asks for a GPU when the controller's torch
         # sees none (`_bundle_spec`): on CPU the workers ask Ray for none.
-        return ["++actor.scheduling_spec.0.gpu=0"]
+        return [] if torch.cuda.is_available() else ["++actor.scheduling_spec.0.gpu=0"]
     # The SPMD launchers start a failed trainer again recover.retries times, and the local one
     # takes a finished trainer for a failed one (docs/areal-bugs.md): a demo has nothing to
     # recover. (++: set whether train_config.yaml has the key or not.)
