@@ -3,8 +3,8 @@ launchers submit to, and the SPMD trainer against a server the caller started.
 
 - `run_user_command(launcher, ...)`: the README's training command for `single` (AReaL's
   single controller), `single-ray` (the same on Ray), `local`, `ray` or `slurm` (its SPMD
-  launchers), with overrides; a one-node Ray or Slurm cluster is up for the run (launch/ray_cluster.py,
-  launch/slurm_cluster.py). The demo and tests/test_launchers.py use it.
+  launchers), with overrides; a one-node Ray or Slurm cluster is up for the run
+  (launch/ray_cluster.py, launch/slurm_cluster.py). The demo and tests/test_launchers.py use it.
 - `launch_trainer(...)`: train.py as the SPMD launchers run their trainer, against a dev
   server the caller started (the learning runs and tests/test_train.py use it).
 - `cpu_overrides(...)`: how train_config.yaml shrinks to one CPU machine.
