@@ -2,8 +2,8 @@
 launchers submit to, and the SPMD trainer against a server the caller started.
 
 - `run_user_command(launcher, ...)`: the README's training command for `single` (AReaL's
-  single controller), `single-ray` (the same on Ray), `local`, `ray` or `slurm` (its SPMD
-  launchers), with overrides; a one-node Ray or Slurm cluster is up for the run
+  single controller), `single-ray` and `single-slurm` (the same on Ray and on Slurm), `local`,
+  `ray` or `slurm` (its SPMD launchers), with overrides; a one-node Ray or Slurm cluster is up for the run
   (launch/ray_cluster.py, launch/slurm_cluster.py). The demo and tests/test_launchers.py use it.
 - `launch_trainer(...)`: train.py as the SPMD launchers run their trainer, against a dev
   server the caller started (the learning runs and tests/test_train.py use it).
@@ -32,7 +32,7 @@ from dev_server.client import find_free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 SEAM = ROOT / "dev_server" / "sglang_seam"
-LAUNCHERS = ("single", "single-ray", "local", "slurm", "ray")
+LAUNCHERS = ("single", "single-ray", "single-slurm", "local", "slurm", "ray")
 
 
 def user_command(launcher: str) -> list[str]:
@@ -40,6 +40,7 @@ def user_command(launcher: str) -> list[str]:
     entry = {
         "single": ["train.py", "--config", "train_config.yaml", "scheduler.type=local"],
         "single-ray": ["train.py", "--config", "train_config.yaml", "scheduler.type=ray"],
+        "single-slurm": ["train.py", "--config", "train_config.yaml", "scheduler.type=slurm"],
         "local": ["-m", "areal.infra.launcher.local", "train.py", "--config", "train_config.yaml"],
         "slurm": ["-m", "areal.infra.launcher.slurm", "train.py", "--config", "train_config.yaml"],
         "ray": ["-m", "areal.infra.launcher.ray", "train.py", "--config", "train_config.yaml"],
@@ -61,6 +62,13 @@ def launcher_overrides(launcher: str) -> list[str]:
         # AReaL's RayScheduler refuses a worker that asks for a GPU when the controller's torch
         # sees none (`_bundle_spec`): on CPU the workers ask Ray for none.
         return [] if torch.cuda.is_available() else ["++actor.scheduling_spec.0.gpu=0"]
+    if launcher == "single-slurm":
+        # One sbatch job per role on this one node: AReaL's 8 CPUs and 32 GB per GPU would stay
+        # PENDING for ever here. container_type none runs the worker command as it is (AReaL's
+        # default is apptainer; areal_patches/slurm_container.py makes the scheduler read it).
+        # sbatch passes this environment on, the seam included.
+        spec = "++actor.scheduling_spec.0"
+        return [f"{spec}.container_type=none", f"{spec}.cpu=1", f"{spec}.mem=1"]
     # The SPMD launchers start a failed trainer again recover.retries times, and the local one
     # takes a finished trainer for a failed one (docs/areal-bugs.md): a demo has nothing to
     # recover. (++: set whether train_config.yaml has the key or not.)
@@ -120,7 +128,7 @@ def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
         # launcher's relative train.py and train_config.yaml need.
         with sigterm_as_interrupt(), ray_cluster.cluster(run_dir / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
             yield {"RAY_ADDRESS": env["RAY_ADDRESS"]}
-    elif launcher == "slurm":
+    elif launcher in ("slurm", "single-slurm"):
         from launch import slurm_cluster
 
         with sigterm_as_interrupt(), slurm_cluster.for_run(run_dir, echo_progress) as env:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog
+from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog, slurm_container
 from conftest import alive
 from dev_server import sglang_launch_server
 from dev_server.__main__ import build_arg_parser
@@ -138,6 +139,33 @@ def test_the_cpu_platform_gets_a_device_control_variable():
     module = SimpleNamespace(CpuPlatform=type("CpuPlatform", (), {"device_control_env_var": ""}))
     cpu_platform.install(module)
     assert module.CpuPlatform.device_control_env_var == "CUDA_VISIBLE_DEVICES"
+
+
+def slurm_worker_script(tmp_path: Path, container_type: str) -> str:
+    """The sbatch script AReaL's SlurmScheduler writes for one actor worker whose spec says
+    `container_type` (a scheduler built as `SlurmScheduler(exp_config=...)` builds it, with
+    the constructor's container defaults; no Slurm needed to write the script)."""
+    from areal.api.cli_args import NameResolveConfig, SchedulingSpec
+    from areal.infra.scheduler.slurm import SlurmScheduler
+
+    scheduler = SlurmScheduler.__new__(SlurmScheduler)
+    scheduler.__dict__.update(
+        experiment_name="e", trial_name="t", fileroot=str(tmp_path), _n_gpus_per_node=1,
+        name_resolve_config=NameResolveConfig(type="nfs", nfs_record_root=str(tmp_path / "nr")),
+        container_type="apptainer", container_mounts="/storage:/storage", srun_additional_args="--unbuffered",
+    )  # fmt: skip
+    spec = SchedulingSpec(cmd="python3 -m areal_patches.worker", container_type=container_type, mount="/data:/data")
+    return scheduler._generate_sbatch_script(role="actor", replicas=1, nodes=1, total_gpus=1, cpus_per_task=1,
+                                             mem_per_task=1024, schedulings=[spec], nodelist=None, exclude=None)  # fmt: skip
+
+
+def test_each_slurm_job_runs_in_the_container_its_spec_names(tmp_path):
+    slurm_container.install()
+    native = slurm_worker_script(tmp_path, "none")
+    assert "singularity" not in native
+    assert re.search(r"srun --unbuffered [^\n]*--gres=gpu:1 bash -c '[^']*python3 -m areal_patches.worker", native), native
+    apptainer = slurm_worker_script(tmp_path, "apptainer")
+    assert re.search(r"srun [^\n]* singularity exec [^\n]*--bind /data:/data ", apptainer), apptainer
 
 
 def run_with_seam(code: str, seam: bool = True) -> str:

@@ -26,7 +26,7 @@ import plot
 from areal_patches import ray_workers
 
 ROOT = Path(__file__).resolve().parent.parent
-LAUNCHERS = ["single", "single-ray", "local", "ray", "slurm"]
+LAUNCHERS = ["single", "single-ray", "single-slurm", "local", "ray", "slurm"]
 pytestmark = [pytest.mark.launchers, pytest.mark.timeout(900)]
 
 # The random tiny model earns no reward, so GRPO's advantages, and the weight updates, would
@@ -68,7 +68,7 @@ def layout(gpus: int, width: int) -> list[str]:
 
 
 def needs(launcher: str) -> None:
-    if launcher == "slurm" and os.geteuid() != 0:
+    if launcher in ("slurm", "single-slurm") and os.geteuid() != 0:
         pytest.skip("the Slurm cluster needs root (slurmd, munged; Slurm is installed with apt)")
 
 

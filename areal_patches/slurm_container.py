@@ -1,0 +1,46 @@
+"""Each job's own container settings under AReaL's single controller on Slurm (`scheduler.type=slurm`).
+
+Upstream behaviour (areal 1.0.4): `SlurmScheduler` takes `container_type` ("apptainer") and
+`container_mounts` from its constructor, and the trainers build it from the config alone
+(`SlurmScheduler(exp_config=...)`), so every worker starts as `singularity exec ... <image>`
+whatever `scheduling_spec.container_type` and `mount` say (the SPMD Slurm launcher reads
+them). On a cluster without Singularity the worker's job fails at once (`execve():
+singularity: No such file or directory`, in the role's log only) and the controller waits out
+its start-up timeout (300 s) before `WorkerTimeoutError: Timeout waiting for worker 'actor'`.
+
+Effect: each job's sbatch script is written with its own spec's `container_type` and `mount`:
+`container_type: none` runs the worker command as it is, `apptainer` (the default) as before.
+
+Off: `install(slurm_container=False)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+
+def install() -> None:
+    from areal.infra.scheduler.slurm import SlurmScheduler
+
+    if getattr(SlurmScheduler._generate_sbatch_script, "reads_spec_container", False):
+        return
+    SlurmScheduler._generate_sbatch_script = with_spec_container(SlurmScheduler._generate_sbatch_script)
+
+
+def with_spec_container(generate):
+    """`SlurmScheduler._generate_sbatch_script`, with the job's first spec's container settings."""
+    signature = inspect.signature(generate)
+
+    @functools.wraps(generate)
+    def _generate_sbatch_script(self, *args, **kwargs):
+        spec = signature.bind(self, *args, **kwargs).arguments["schedulings"][0]
+        saved = self.container_type, self.container_mounts
+        self.container_type, self.container_mounts = spec.container_type, spec.mount
+        try:
+            return generate(self, *args, **kwargs)
+        finally:
+            self.container_type, self.container_mounts = saved
+
+    _generate_sbatch_script.reads_spec_container = True
+    return _generate_sbatch_script
