@@ -1,7 +1,7 @@
 """The CPU demo: a tiny model trained on Countdown, warm start then GRPO, on a laptop-class
 machine, no GPU, no downloads.
 
-    python3 -m tools.demo [--quick] [--seed N] [--launcher single|single-ray|local|ray|slurm]   (`make demo`)
+    python3 -m tools.demo [--quick] [--seed N] [--launcher single|single-ray|single-slurm|local|ray|slurm]   (`make demo`)
 
 By default (what it takes and what it reaches: docs/results.md, "The CPU demo learns"):
 
@@ -17,6 +17,7 @@ By default (what it takes and what it reaches: docs/results.md, "The CPU demo le
 
     single  python3 train.py --config train_config.yaml scheduler.type=local ...   (default)
     single-ray  the same with scheduler.type=ray, on a one-node Ray cluster started for it
+    single-slurm  the same with scheduler.type=slurm, on a one-node Slurm cluster (root)
     local   python3 -m areal.infra.launcher.local train.py --config train_config.yaml ...
     ray     the same with areal.infra.launcher.ray, on a one-node Ray cluster started for it
     slurm   the same with areal.infra.launcher.slurm, on a one-node Slurm cluster (root)
