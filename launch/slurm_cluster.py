@@ -330,7 +330,7 @@ def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, st
     try:
         install()
         # Room for AReaL's two jobs whatever this machine has (1 CPU and 1 GB each, see
-        # launch.training.launcher_overrides, plus AReaL's fixed 10 GB a job); nothing
+        # launch.training.SLURM_JOB_ON_THIS_NODE, plus AReaL's fixed 10 GB a job); nothing
         # enforces either.
         cpus, mem_mb = max(2, os.cpu_count() or 1), 2 * (1024 + 10240)
         with cluster(workdir, gpus=2, cpus=cpus, mem_mb=mem_mb) as env:

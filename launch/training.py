@@ -34,6 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SEAM = ROOT / "dev_server" / "sglang_seam"
 LAUNCHERS = ("single", "single-ray", "single-slurm", "local", "slurm", "ray")
 
+# The actor's scheduling spec, which rollout and ref take too (${actor.scheduling_spec}).
+# (++ sets a key whether train_config.yaml has it or not.)
+ACTOR_SPEC = "++actor.scheduling_spec.0"
+# Each Slurm job (both Slurm paths) asks for spec.cpu CPUs and spec.mem GB per GPU plus 10 GB:
+# AReaL's 8 CPUs and 32 GB would stay PENDING for ever on this one node. container_type none
+# runs the worker commands as they are (AReaL's default is apptainer; under the single
+# controller, areal_patches/slurm_container.py makes the scheduler read it).
+SLURM_JOB_ON_THIS_NODE = (f"{ACTOR_SPEC}.container_type=none", f"{ACTOR_SPEC}.cpu=1", f"{ACTOR_SPEC}.mem=1")
+
 
 def user_command(launcher: str) -> list[str]:
     """The README's training command for `launcher`, before any override."""
@@ -61,17 +70,13 @@ def launcher_overrides(launcher: str) -> list[str]:
 
         # AReaL's RayScheduler refuses a worker that asks for a GPU when the controller's torch
         # sees none (`_bundle_spec`): on CPU the workers ask Ray for none.
-        return [] if torch.cuda.is_available() else ["++actor.scheduling_spec.0.gpu=0"]
+        return [] if torch.cuda.is_available() else [f"{ACTOR_SPEC}.gpu=0"]
     if launcher == "single-slurm":
-        # One sbatch job per role on this one node: AReaL's 8 CPUs and 32 GB per GPU would stay
-        # PENDING for ever here. container_type none runs the worker command as it is (AReaL's
-        # default is apptainer; areal_patches/slurm_container.py makes the scheduler read it).
         # sbatch passes this environment on, the seam included.
-        spec = "++actor.scheduling_spec.0"
-        return [f"{spec}.container_type=none", f"{spec}.cpu=1", f"{spec}.mem=1"]
+        return list(SLURM_JOB_ON_THIS_NODE)
     # The SPMD launchers start a failed trainer again recover.retries times, and the local one
     # takes a finished trainer for a failed one (docs/areal-bugs.md): a demo has nothing to
-    # recover. (++: set whether train_config.yaml has the key or not.)
+    # recover.
     no_retries = ["++recover.retries=0"]
     if launcher == "local":
         return no_retries
@@ -81,19 +86,15 @@ def launcher_overrides(launcher: str) -> list[str]:
         # ZeroDivisionError), so two one-GPU nodes: on a one-node Ray cluster with two GPUs,
         # its placement groups put both on that node.
         return ["cluster.n_nodes=2", *no_retries]
-    # Slurm: one job per role, each on whole nodes: the rollout server needs a node of its
-    # own (gen world size // GPUs per node), so two one-GPU nodes, both on this machine.
-    # rollout and ref take actor's scheduling spec (${actor.scheduling_spec}). Each job asks
-    # for spec.cpu CPUs and spec.mem GB per GPU plus 10 GB; AReaL's 8 CPUs and 32 GB would
-    # stay PENDING for ever on this node. container_type none runs the commands as they are
-    # (AReaL's default is apptainer). Its `srun --export=K=V,...` passes only these variables
-    # (no ALL), so the jobs get PATH and the seam from here; a value must not hold a comma
-    # (one server's address has none).
-    spec = "++actor.scheduling_spec.0"
+    # Slurm's SPMD launcher: one job per role, each on whole nodes: the rollout server needs a
+    # node of its own (gen world size // GPUs per node), so two one-GPU nodes, both on this
+    # machine. Its `srun --export=K=V,...` passes only these variables (no ALL), so the jobs
+    # get PATH and the seam from here; a value must not hold a comma (one server's address
+    # has none).
     env = seam_env()
     return [
-        "cluster.n_nodes=2", f"{spec}.container_type=none", f"{spec}.cpu=1", f"{spec}.mem=1",
-        *(f"{spec}.env_vars.{k}={env[k]}" for k in ("PATH", "PYTHONPATH", "TORCHDYNAMO_DISABLE", "PYTHONUNBUFFERED")),
+        "cluster.n_nodes=2", *SLURM_JOB_ON_THIS_NODE,
+        *(f"{ACTOR_SPEC}.env_vars.{k}={env[k]}" for k in ("PATH", "PYTHONPATH", "TORCHDYNAMO_DISABLE", "PYTHONUNBUFFERED")),
         *no_retries,
     ]  # fmt: skip
 
