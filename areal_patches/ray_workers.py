@@ -17,13 +17,20 @@ command needs it to be under the other schedulers.
 
 Off: leave out the `ray_workers.install(...)` call in `train.py`'s or `sft.py`'s `main()`;
 Ray then starts the workers as AReaL does.
+
+Before connecting, `install` checks that something answers at the address RAY_ADDRESS names.
+Upstream, `ray.init()` with an unreachable RAY_ADDRESS retries the connection for many
+minutes, printing one GCS time-out after another; here the run stops at once with one line
+that names RAY_ADDRESS (docs/areal-bugs.md).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 INSTALLED = "areal_patches: the project's fixes are installed in this Ray worker"
+CONNECT_TIMEOUT_S = 10.0
 
 
 def install(scheduler_type: str | None) -> None:
@@ -34,9 +41,29 @@ def install(scheduler_type: str | None) -> None:
     """
     if scheduler_type != "ray":
         return
+    if problem := unreachable_ray_address(os.environ.get("RAY_ADDRESS", "")):
+        raise SystemExit(f"scheduler.type=ray: {problem}")
     import ray
 
     ray.init(runtime_env={"worker_process_setup_hook": f"{__name__}.setup_worker"})
+
+
+def unreachable_ray_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why nothing answers at RAY_ADDRESS's host:port, or None (also for no address, `auto`, `local`).
+
+    A TCP connection is all it tries: it tells a wrong address or a cluster that is not up
+    from one that is, without Ray's retries.
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        return (f"nothing answers at RAY_ADDRESS={address} ({e.strerror or e}); start the "
+                "cluster (`ray start --head` on its head node), set RAY_ADDRESS to its head's address "
+                "(host:6379), or unset it to run on a Ray instance of this machine")  # fmt: skip
+    return None
 
 
 def setup_worker() -> None:

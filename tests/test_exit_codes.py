@@ -1,6 +1,7 @@
 """One convention for bad input across the project's commands: one line on stderr naming what
 is wrong, exit status 2, and nothing started (README, "Exit codes")."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import countdown
+from dev_server.client import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = "/no/such/dir/test_e.jsonl"
@@ -65,3 +67,23 @@ def test_a_training_set_smaller_than_one_batch_is_refused(tiny_model_dir, tmp_pa
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("program", ["train.py", "sft.py"])
+def test_scheduler_ray_with_no_cluster_at_ray_address_stops_in_one_line(program, tiny_model_dir, tmp_path):
+    """Ray's own connect would retry for minutes (docs/areal-bugs.md); the subprocess timeout
+    is what fails this test if the check is gone."""
+    data = tmp_path / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(16, seed=0))])
+    common = [f"train_dataset.path={data}", f"actor.path={tiny_model_dir}", f"cluster.fileroot={tmp_path}",
+              "scheduler.type=ray", "train_dataset.batch_size=4"]  # fmt: skip
+    config = "train_config.yaml" if program == "train.py" else "configs/sft_warm_start.yaml"
+    extra = [f"valid_dataset.path={data}"] if program == "train.py" else [f"tokenizer_path={tiny_model_dir}"]
+    address = f"127.0.0.1:{find_free_port()}"  # nothing listens there
+    proc = subprocess.run([sys.executable, program, "--config", config, *common, *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": address})  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"scheduler.type=ray: nothing answers at RAY_ADDRESS={address} (Connection refused)"
+    ), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
