@@ -15,6 +15,7 @@ for them.
 | `pass_at_k` | GRPO normalises each group's rewards by mean and std: pass@1 rises, pass@k narrows | `actor.pass_at_k: k` > 1 gives each completion its pass@k advantage (Chen et al. 2025) | `actor.pass_at_k: 1` (shipped); `install(pass_at_k=False)` |
 | `entropy_bonus` | the loss detaches each token's entropy and only logs it: GRPO narrows the policy | `actor.entropy_coef: c` > 0 subtracts c times the mean token entropy from the loss | `actor.entropy_coef: 0` (shipped); `install(entropy_bonus=False)` |
 | `slurm_container` | `scheduler.type=slurm` starts every worker with `singularity exec`, whatever `scheduling_spec.container_type` says; without Singularity the controller waits 300 s, then fails | each job uses its spec's `container_type` and `mount` (`none`: the command as it is) | `install(slurm_container=False)` |
+| `slurm_job_exit` | `scheduler.type=slurm`: a worker job whose worker fails ends COMPLETED (its status is `tee`'s), so the controller waits 300 s, then says `WorkerTimeoutError` | the job ends FAILED and the wait ends within seconds, with the role's log tail | `install(slurm_job_exit=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 | `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
@@ -41,6 +42,7 @@ def install(
     pass_at_k: bool = True,
     entropy_bonus: bool = True,
     slurm_container: bool = True,
+    slurm_job_exit: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
@@ -54,6 +56,7 @@ def install(
     from areal_patches import rollout_stats as rollout_stats_module
     from areal_patches import server_start as server_start_module
     from areal_patches import slurm_container as slurm_container_module
+    from areal_patches import slurm_job_exit as slurm_job_exit_module
     from areal_patches import weight_push as weight_push_module
 
     if packed_sdpa:
@@ -78,3 +81,5 @@ def install(
         entropy_bonus_module.install()
     if slurm_container:
         slurm_container_module.install()
+    if slurm_job_exit:
+        slurm_job_exit_module.install()

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog, slurm_container
+from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog, slurm_container, slurm_job_exit
 from conftest import alive
 from dev_server import sglang_launch_server
 from dev_server.__main__ import build_arg_parser
@@ -166,6 +166,25 @@ def test_each_slurm_job_runs_in_the_container_its_spec_names(tmp_path):
     assert re.search(r"srun --unbuffered [^\n]*--gres=gpu:1 bash -c '[^']*python3 -m areal_patches.worker", native), native
     apptainer = slurm_worker_script(tmp_path, "apptainer")
     assert re.search(r"srun [^\n]* singularity exec [^\n]*--bind /data:/data ", apptainer), apptainer
+
+
+@pytest.mark.parametrize("worker_status", [0, 7])
+def test_a_slurm_job_ends_with_its_workers_exit_status(worker_status, tmp_path):
+    """Run as a plain bash script, with a fake `srun` (no Slurm needed) that exits as the
+    worker would: upstream the job's status is tee's, 0 either way, and Slurm calls a job
+    whose worker failed COMPLETED."""
+    slurm_container.install()
+    slurm_job_exit.install()
+    script = tmp_path / "actor.sh"
+    script.write_text(slurm_worker_script(tmp_path, "none"))
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho worker starting\nexit {worker_status}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == worker_status, proc.stderr
+    assert "worker starting" in proc.stdout
 
 
 def run_with_seam(code: str, seam: bool = True) -> str:
