@@ -3,6 +3,7 @@ a runner for scripts that need a torch.distributed process of their own, and the
 started as a terminal starts it."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,20 @@ from pathlib import Path
 import psutil
 import pytest
 
+from areal_patches.ray_workers import INSTALLED
+from launch.training import plain
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def ray_workers_without_fixes(log: str) -> tuple[set[str], set[str]]:
+    """scheduler.type=ray: the pids of AReaL's Ray workers (`RayRPCServer` actors) in a driver's
+    log, and those of them that did not log the fixes' setup hook (areal_patches/ray_workers.py);
+    Ray prefixes each worker's output with its pid on the driver's log (coloured on a pipe)."""
+    log = plain(log)
+    workers = set(re.findall(r"^\(RayRPCServer pid=(\d+)\)", log, re.M))
+    fixed = set(re.findall(r"^\(pid=\d+\) " + re.escape(INSTALLED) + r" \(pid (\d+)\)", log, re.M))
+    return workers, workers - fixed
 
 
 def alive(pid: int) -> bool:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 import plot
-from areal_patches import ray_workers
+from conftest import ray_workers_without_fixes
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHERS = ["single", "single-ray", "single-slurm", "local", "ray", "slurm"]
@@ -41,12 +41,6 @@ CLUSTER_PROCESS = re.compile(r"ray::|raylet|gcs_server|default_worker|slurmctld|
 SERVER_LOAD = re.compile(
     r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) dev_server\[(\d+)\] INFO loaded (?:weights from )?(\S+) .*fingerprint=(\S+)\)"
 )
-
-
-# scheduler.type=ray: AReaL's workers (Ray actors) and the fixes' setup hook in each Ray worker
-# process (areal_patches/ray_workers.py), as Ray prefixes their output on the driver's log.
-RAY_RPC_WORKER = re.compile(r"^\(RayRPCServer pid=(\d+)\)", re.M)
-FIXES_INSTALLED = re.compile(r"^\(pid=\d+\) " + re.escape(ray_workers.INSTALLED) + r" \(pid (\d+)\)", re.M)
 
 
 # Where AReaL put each worker: its single controller's scheduler, and its local launcher.
@@ -161,9 +155,9 @@ def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, start_
     assert_each_push_changed_the_weights(loads)
     if launcher == "single-ray":
         log = (run_dir / "train.log").read_text(errors="replace")
-        workers = set(RAY_RPC_WORKER.findall(log))
+        workers, without_fixes = ray_workers_without_fixes(log)
         assert len(workers) >= 2, log[-3000:]  # the trainer and the rollout worker at least
-        assert workers <= set(FIXES_INSTALLED.findall(log)), log[-3000:]
+        assert not without_fixes, log[-3000:]
 
     assert left_behind(run_dir, before) == []
 

@@ -1,5 +1,6 @@
 """sft.py run as train.py is: `python3 sft.py --config configs/sft_warm_start.yaml` is AReaL's
-single controller (the config's `scheduler.type: local`), which starts its own training worker."""
+single controller (the config's `scheduler.type: local`), which starts its own training worker;
+with `scheduler.type=ray`, on a Ray cluster."""
 
 import signal
 import subprocess
@@ -12,7 +13,9 @@ import pytest
 from safetensors.torch import load_file
 
 import countdown
-from conftest import alive, command_line
+from conftest import alive, command_line, ray_workers_without_fixes
+from launch import ray_cluster
+from launch.training import launcher_overrides, seam_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,3 +58,21 @@ def test_sigterm_to_sft_leaves_no_worker(tiny_model_dir, tmp_path):
     controller.send_signal(signal.SIGTERM)
     assert controller.wait(timeout=120) == 128 + signal.SIGTERM
     assert not [p for p in workers if alive(p.pid)]
+
+
+@pytest.mark.timeout(600)
+def test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes(tiny_model_dir, tmp_path):
+    """`scheduler.type=ray` on a one-node Ray cluster (launch/ray_cluster.py): AReaL's Ray
+    actor trains, and the project's fixes reach it through Ray's setup hook."""
+    data = tmp_path / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(32, seed=0))])
+    command = [*sft_command(tiny_model_dir, data, tmp_path), "actor.mb_spec.max_tokens_per_mb=4096",
+               "scheduler.type=ray", *launcher_overrides("single-ray")]  # fmt: skip
+    with ray_cluster.cluster(tmp_path / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
+        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    saved = sorted(tmp_path.glob("checkpoints/*/countdown-sft/*/default/epoch*/model.safetensors"))
+    assert [p.parent.name for p in saved] == ["epoch0epochstep1globalstep1", "epoch1epochstep1globalstep3"]
+    workers, without_fixes = ray_workers_without_fixes(log)
+    assert workers and not without_fixes, log[-4000:]
