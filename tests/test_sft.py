@@ -68,7 +68,7 @@ def test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes(tiny_model_d
     countdown.write_jsonl([(data, countdown.generate_puzzles(32, seed=0))])
     command = [*sft_command(tiny_model_dir, data, tmp_path), "actor.mb_spec.max_tokens_per_mb=4096",
                "scheduler.type=ray", *launcher_overrides("single-ray")]  # fmt: skip
-    with ray_cluster.cluster(tmp_path / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
+    with ray_cluster.cluster(tmp_path / "ray", gpus=1, env=seam_env(), cwd=ROOT) as env:
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
