@@ -13,6 +13,29 @@ from dev_server.client import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = "/no/such/dir/test_e.jsonl"
+CONFIGS = {"train.py": "train_config.yaml", "sft.py": "configs/sft_warm_start.yaml"}
+
+
+def run(command: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_one_line(proc: subprocess.CompletedProcess, returncode: int, starts_with: str) -> None:
+    """The command exited with `returncode`, its last line on stderr begins with `starts_with`,
+    and no traceback came before it."""
+    assert proc.returncode == returncode, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(starts_with), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def tiny_model_command(program: str, puzzles: int, model: Path, tmp_path: Path, *overrides: str) -> list[str]:
+    """train.py or sft.py with its shipped config on the tiny model, training on a new file of
+    `puzzles` puzzles (train.py also holds out that file), everything written under tmp_path."""
+    data = tmp_path / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(puzzles, seed=0))])
+    own = [f"valid_dataset.path={data}"] if program == "train.py" else [f"tokenizer_path={model}"]
+    return [program, "--config", CONFIGS[program], f"train_dataset.path={data}", f"actor.path={model}",
+            f"cluster.fileroot={tmp_path}", *own, *overrides]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -25,11 +48,8 @@ MISSING = "/no/such/dir/test_e.jsonl"
         (["plot.py", "/no/such/dir"], "plot.py: "),
     ],
 )
-def test_bad_input_is_one_line_and_exit_status_2(command, expected, tmp_path):
-    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+def test_bad_input_is_one_line_and_exit_status_2(command, expected):
+    assert_one_line(run(command), 2, expected)
 
 
 @pytest.mark.parametrize(
@@ -43,47 +63,30 @@ def test_bad_input_is_one_line_and_exit_status_2(command, expected, tmp_path):
 def test_sft_settings_that_cannot_work_are_one_line(overrides, message, tmp_path):
     data = tmp_path / "train.jsonl"
     countdown.write_jsonl([(data, countdown.generate_puzzles(4, seed=0))])
-    command = ["sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}", *overrides]
-    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == f"sft.py: {message}"
+    assert_one_line(run(["sft.py", "--config", CONFIGS["sft.py"], f"train_dataset.path={data}", *overrides]), 2, f"sft.py: {message}")
 
 
-def test_a_training_set_smaller_than_one_batch_is_refused(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(
+    "program, overrides, expected",
+    [
+        ("sft.py", ["examples_per_row=2", "train_dataset.batch_size=4"],
+         "6 puzzles in 3 rows of up to 2 examples, fewer than one batch (train_dataset.batch_size=4)"),
+        ("train.py", ["scheduler.type=local", "train_dataset.batch_size=8"],
+         "6 puzzles, fewer than one batch (train_dataset.batch_size=8)"),
+    ],
+)  # fmt: skip
+def test_a_training_set_smaller_than_one_batch_is_refused(program, overrides, expected, tiny_model_dir, tmp_path):
     """AReaL's loaders drop an incomplete batch, so fewer rows than one batch would train
     nothing while the trainer reports a completed run."""
-    data = tmp_path / "train.jsonl"
-    countdown.write_jsonl([(data, countdown.generate_puzzles(6, seed=0))])
-    common = [f"train_dataset.path={data}", f"actor.path={tiny_model_dir}", f"cluster.fileroot={tmp_path}"]
-    sft = ["sft.py", "--config", "configs/sft_warm_start.yaml", *common, f"tokenizer_path={tiny_model_dir}",
-           "examples_per_row=2", "train_dataset.batch_size=4"]  # fmt: skip
-    train = ["train.py", "--config", "train_config.yaml", "scheduler.type=local", *common, f"valid_dataset.path={data}",
-             "train_dataset.batch_size=8"]  # fmt: skip
-    for command, expected in [
-        (sft, f"sft.py: {data}: 6 puzzles in 3 rows of up to 2 examples, fewer than one batch (train_dataset.batch_size=4)"),
-        (train, f"train.py: {data}: 6 puzzles, fewer than one batch (train_dataset.batch_size=8)"),
-    ]:
-        proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        assert proc.stderr.strip().splitlines()[-1].startswith(expected), proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr
+    command = tiny_model_command(program, 6, tiny_model_dir, tmp_path, *overrides)
+    assert_one_line(run(command), 2, f"{program}: {tmp_path / 'train.jsonl'}: {expected}")
 
 
 @pytest.mark.parametrize("program", ["train.py", "sft.py"])
 def test_scheduler_ray_with_no_cluster_at_ray_address_stops_in_one_line(program, tiny_model_dir, tmp_path):
     """Ray's own connect would retry for minutes (docs/areal-bugs.md); the subprocess timeout
     is what fails this test if the check is gone."""
-    data = tmp_path / "train.jsonl"
-    countdown.write_jsonl([(data, countdown.generate_puzzles(16, seed=0))])
-    common = [f"train_dataset.path={data}", f"actor.path={tiny_model_dir}", f"cluster.fileroot={tmp_path}",
-              "scheduler.type=ray", "train_dataset.batch_size=4"]  # fmt: skip
-    config = "train_config.yaml" if program == "train.py" else "configs/sft_warm_start.yaml"
-    extra = [f"valid_dataset.path={data}"] if program == "train.py" else [f"tokenizer_path={tiny_model_dir}"]
+    command = tiny_model_command(program, 16, tiny_model_dir, tmp_path, "scheduler.type=ray", "train_dataset.batch_size=4")
     address = f"127.0.0.1:{find_free_port()}"  # nothing listens there
-    proc = subprocess.run([sys.executable, program, "--config", config, *common, *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": address})  # fmt: skip
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        f"scheduler.type=ray: nothing answers at RAY_ADDRESS={address} (Connection refused)"
-    ), proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+    proc = run(command, timeout=120, env={**os.environ, "RAY_ADDRESS": address})
+    assert_one_line(proc, 1, f"scheduler.type=ray: nothing answers at RAY_ADDRESS={address} (Connection refused)")
