@@ -1,6 +1,6 @@
-"""The commands users type, run for real on CPU: AReaL's single controller and its local, Ray
-and Slurm launchers end to end (`python3 -m tools.demo --launcher ...`), and the faults they
-must survive.
+"""The commands users type, run for real on CPU: AReaL's single controller (`make demo`'s) and its
+local, Ray and Slurm launchers end to end (`python3 -m tools.demo --launcher ...`), what the
+demo makes of each run, and the faults they must survive.
 
 The only double in every test here is the dev server, which starts where AReaL would start
 SGLang (dev_server/sglang_seam): AReaL's scheduler, launchers, RPC workers, server wrapper,
@@ -135,16 +135,22 @@ def assert_each_push_changed_the_weights(loads: list[tuple[str, float]]) -> None
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_readme_command_trains_pushes_evaluates_and_checkpoints(launcher, start_demo, tmp_path):
+def test_readme_command_trains_pushes_evaluates_plots_and_checkpoints(launcher, start_demo, tmp_path):
     needs(launcher)
     before = live_processes()
     run_dir = tmp_path / "run"
     proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE)
     output, _ = proc.communicate(timeout=840)
     assert proc.returncode == 0, output[-4000:]
+    assert "Train step 2/2 done" in output  # the run's real total
     summary, evaluate = output.strip().splitlines()[-2:]
-    assert summary.startswith("[demo] done in") and evaluate.startswith("[demo] evaluate the trained model"), output[-3000:]
-    assert "Train step 2/" in output
+    assert summary.startswith("[demo] done in") and "2 steps" in summary and "eval pass@1" in summary, output[-3000:]
+    assert evaluate.startswith("[demo] evaluate the trained model"), output[-3000:]
+    model = Path(re.search(r"evaluate.py --model (\S+) --data", evaluate)[1])
+    assert (model / "config.json").exists() and list(model.glob("*.safetensors"))
+    assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert "rollout/reward" in (run_dir / "curves.csv").read_text().splitlines()[0]
+    assert "\x1b[" not in (run_dir / "train.log").read_text()  # AReaL's colours stay off the file
 
     scalars = plot.load_run(run_dir / "logs" / "tensorboard")
     assert sorted(scalars["rollout/reward"]) == [0, 1]
@@ -214,19 +220,30 @@ def test_the_shipped_layout_on_this_hosts_gpus(launcher, start_demo, tmp_path):
     assert len(servers) == len(trainers) == width and servers.isdisjoint(trainers), placed
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_interrupted_run_leaves_no_process_behind(launcher, start_demo, tmp_path):
+INTERRUPTS = [pytest.param(launcher, signal.SIGINT, id=f"{launcher}-ctrl-c") for launcher in LAUNCHERS] + [
+    pytest.param("single", signal.SIGTERM, id="single-sigterm")
+]
+
+
+@pytest.mark.parametrize("launcher, stop", INTERRUPTS)
+def test_interrupted_run_leaves_no_process_behind_and_keeps_the_previous_run(launcher, stop, start_demo, tmp_path):
+    """Ctrl-C, or SIGTERM as `kill` and `timeout` send it: the trainer runs in a session of its
+    own, so only the demo's clean-up can stop it."""
     needs(launcher)
     before = live_processes()
     run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    previous = run_dir / "curves.png"
+    previous.write_bytes(b"the previous run's picture")
     proc = start_demo(run_dir, "--launcher", launcher, "--steps", "50")
     wait_for_line(proc, "Train step 1/", timeout=600)
     assert any("sglang.launch_server" in cmd for cmd in live_processes().values())
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, rest[-2000:]
     assert "interrupted; all processes stopped" in rest
     assert left_behind(run_dir, before) == []
+    assert previous.read_bytes() == b"the previous run's picture"
 
 
 def test_a_killed_rollout_server_stops_the_run_with_one_line_naming_it(start_demo, tmp_path):
