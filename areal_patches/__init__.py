@@ -1,4 +1,4 @@
-"""Fixes to areal 1.0.4, each in its own module, installed explicitly by `install()`, and one
+"""Fixes to areal 1.0.4, each in its own module, installed explicitly by `install()`, and
 two opt-in options, `pass_at_k` and `entropy_bonus`, that change nothing unless the config asks
 for them.
 
@@ -16,6 +16,7 @@ for them.
 | `entropy_bonus` | the loss detaches each token's entropy and only logs it: GRPO narrows the policy | `actor.entropy_coef: c` > 0 subtracts c times the mean token entropy from the loss | `actor.entropy_coef: 0` (shipped); `install(entropy_bonus=False)` |
 | `slurm_container` | `scheduler.type=slurm` starts every worker with `singularity exec`, whatever `scheduling_spec.container_type` says; without Singularity the controller waits 300 s, then fails | each job uses its spec's `container_type` and `mount` (`none`: the command as it is) | `install(slurm_container=False)` |
 | `slurm_job_exit` | `scheduler.type=slurm`: a worker job whose worker fails ends COMPLETED (its status is `tee`'s), so the controller waits 300 s, then says `WorkerTimeoutError` | the job ends FAILED and the wait ends within seconds, with the role's log tail | `install(slurm_job_exit=False)` |
+| `port_draw` | ports are drawn from `random` after the trainer seeded it with `seed`: two runs with one seed on one machine take the same ports, and one talks to the other's workers until it hangs | ports drawn by a generator the OS seeds; `seed` still decides everything else | `install(port_draw=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 | `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
@@ -43,6 +44,7 @@ def install(
     entropy_bonus: bool = True,
     slurm_container: bool = True,
     slurm_job_exit: bool = True,
+    port_draw: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
@@ -52,6 +54,7 @@ def install(
     from areal_patches import fast_step as fast_step_module
     from areal_patches import packed_sdpa as packed_sdpa_module
     from areal_patches import pass_at_k as pass_at_k_module
+    from areal_patches import port_draw as port_draw_module
     from areal_patches import progress_total as progress_total_module
     from areal_patches import rollout_stats as rollout_stats_module
     from areal_patches import server_start as server_start_module
@@ -83,3 +86,5 @@ def install(
         slurm_container_module.install()
     if slurm_job_exit:
         slurm_job_exit_module.install()
+    if port_draw:
+        port_draw_module.install()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import random
 import re
 import signal
 import subprocess
@@ -18,7 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_patches import clean_exit, cpu_platform, server_start, server_watchdog, slurm_container, slurm_job_exit
+from areal_patches import (
+    clean_exit, cpu_platform, port_draw, server_start, server_watchdog, slurm_container, slurm_job_exit,
+)  # fmt: skip
 from conftest import alive
 from dev_server import sglang_launch_server
 from dev_server.__main__ import build_arg_parser
@@ -185,6 +188,22 @@ def test_a_slurm_job_ends_with_its_workers_exit_status(worker_status, tmp_path):
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == worker_status, proc.stderr
     assert "worker starting" in proc.stdout
+
+
+def test_two_runs_with_one_seed_draw_different_ports():
+    """What two runs with the same `seed` draw for their servers and workers once the trainer
+    has seeded `random` (upstream: the same ports, which one of them cannot bind); the seed
+    still decides `random`'s own draws."""
+    from areal.utils import network, seeding
+
+    port_draw.install()
+    ports, draws = [], []
+    for _ in range(2):
+        seeding.set_random_seed(1, key="trainer0")
+        ports.append(network.find_free_ports(4))
+        draws.append(random.random())
+    assert ports[0] != ports[1]
+    assert draws[0] == draws[1]
 
 
 def run_with_seam(code: str, seam: bool = True) -> str:
