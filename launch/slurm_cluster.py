@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from dev_server.client import find_free_port, tail
+from launch.training import plain
 
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
@@ -320,9 +321,9 @@ def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, st
     the environment its commands need (SLURM_CONF).
 
     The jobs write their output to their own logs, not to the launcher's: `echo` gets their
-    lines as they come, and the logs are added to the run's full log (train.log) at the end,
-    with the daemons' logs kept in run_dir/slurm. The cluster lives in a short temporary
-    folder: slurmd's per-step socket paths may have 107 bytes at most.
+    lines as they come, and the logs are added, without colours, to the run's full log
+    (train.log) at the end, with the daemons' logs kept in run_dir/slurm. The cluster lives in
+    a short temporary folder: slurmd's per-step socket paths may have 107 bytes at most.
     """
     done = threading.Event()
     job_logs = threading.Thread(target=tail_job_logs, args=(run_dir, echo, done), daemon=True)
@@ -343,7 +344,7 @@ def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, st
         with (run_dir / "train.log").open("a") as full_log:
             for path in sorted(run_dir.glob(JOB_LOGS)):
                 full_log.write(f"\n===== Slurm job log {path}\n")
-                full_log.write(path.read_text(errors="replace"))
+                full_log.write(plain(path.read_text(errors="replace")))  # AReaL colours the jobs' lines
         for log in workdir.glob("*.log"):
             (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
             shutil.copy(log, run_dir / "slurm" / log.name)
