@@ -63,7 +63,9 @@ def test_bad_input_is_one_line_and_exit_status_2(command, expected):
 def test_sft_settings_that_cannot_work_are_one_line(overrides, message, tmp_path):
     data = tmp_path / "train.jsonl"
     countdown.write_jsonl([(data, countdown.generate_puzzles(4, seed=0))])
-    assert_one_line(run(["sft.py", "--config", CONFIGS["sft.py"], f"train_dataset.path={data}", *overrides]), 2, f"sft.py: {message}")
+    proc = run(["sft.py", "--config", CONFIGS["sft.py"], f"train_dataset.path={data}", *overrides])
+    assert_one_line(proc, 2, f"sft.py: {message}")
+    assert proc.stderr.strip().splitlines()[-1] == f"sft.py: {message}"  # the whole line, nothing after it
 
 
 @pytest.mark.parametrize(
