@@ -12,10 +12,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+import countdown
 from areal_patches.ray_workers import INSTALLED
 from launch.training import plain
 
 ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = {"train.py": "train_config.yaml", "sft.py": "configs/sft_warm_start.yaml"}
 
 
 def ray_workers_without_fixes(log: str) -> tuple[set[str], set[str]]:
@@ -42,6 +44,22 @@ def command_line(process: psutil.Process) -> str:
         return " ".join(process.cmdline())
     except psutil.Error:
         return ""
+
+
+def puzzle_file(folder: Path, puzzles: int) -> Path:
+    """`folder`/train.jsonl with `puzzles` new puzzles (seed 0)."""
+    data = folder / "train.jsonl"
+    countdown.write_jsonl([(data, countdown.generate_puzzles(puzzles, seed=0))])
+    return data
+
+
+def tiny_model_args(program: str, model: Path, data: Path, fileroot: Path, *overrides: str) -> list[str]:
+    """train.py's or sft.py's arguments with its shipped config on `model`, training on `data`
+    (train.py also holds it out), everything it writes under `fileroot`."""
+    own = [f"valid_dataset.path={data}"] if program == "train.py" else [f"tokenizer_path={model}"]
+    return [program, "--config", CONFIGS[program], f"train_dataset.path={data}", f"actor.path={model}",
+            f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
+            *own, *overrides]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import countdown
+from conftest import CONFIGS, puzzle_file, tiny_model_args
 from dev_server.client import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = "/no/such/dir/test_e.jsonl"
-CONFIGS = {"train.py": "train_config.yaml", "sft.py": "configs/sft_warm_start.yaml"}
 
 
 def run(command: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -26,16 +25,6 @@ def assert_one_line(proc: subprocess.CompletedProcess, returncode: int, starts_w
     assert proc.returncode == returncode, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(starts_with), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-
-
-def tiny_model_command(program: str, puzzles: int, model: Path, tmp_path: Path, *overrides: str) -> list[str]:
-    """train.py or sft.py with its shipped config on the tiny model, training on a new file of
-    `puzzles` puzzles (train.py also holds out that file), everything written under tmp_path."""
-    data = tmp_path / "train.jsonl"
-    countdown.write_jsonl([(data, countdown.generate_puzzles(puzzles, seed=0))])
-    own = [f"valid_dataset.path={data}"] if program == "train.py" else [f"tokenizer_path={model}"]
-    return [program, "--config", CONFIGS[program], f"train_dataset.path={data}", f"actor.path={model}",
-            f"cluster.fileroot={tmp_path}", *own, *overrides]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -61,9 +50,7 @@ def test_bad_input_is_one_line_and_exit_status_2(command, expected):
     ],
 )  # fmt: skip
 def test_sft_settings_that_cannot_work_are_one_line(overrides, message, tmp_path):
-    data = tmp_path / "train.jsonl"
-    countdown.write_jsonl([(data, countdown.generate_puzzles(4, seed=0))])
-    proc = run(["sft.py", "--config", CONFIGS["sft.py"], f"train_dataset.path={data}", *overrides])
+    proc = run(["sft.py", "--config", CONFIGS["sft.py"], f"train_dataset.path={puzzle_file(tmp_path, 4)}", *overrides])
     assert_one_line(proc, 2, f"sft.py: {message}")
     assert proc.stderr.strip().splitlines()[-1] == f"sft.py: {message}"  # the whole line, nothing after it
 
@@ -80,15 +67,17 @@ def test_sft_settings_that_cannot_work_are_one_line(overrides, message, tmp_path
 def test_a_training_set_smaller_than_one_batch_is_refused(program, overrides, expected, tiny_model_dir, tmp_path):
     """AReaL's loaders drop an incomplete batch, so fewer rows than one batch would train
     nothing while the trainer reports a completed run."""
-    command = tiny_model_command(program, 6, tiny_model_dir, tmp_path, *overrides)
-    assert_one_line(run(command), 2, f"{program}: {tmp_path / 'train.jsonl'}: {expected}")
+    data = puzzle_file(tmp_path, 6)
+    command = tiny_model_args(program, tiny_model_dir, data, tmp_path, *overrides)
+    assert_one_line(run(command), 2, f"{program}: {data}: {expected}")
 
 
 @pytest.mark.parametrize("program", ["train.py", "sft.py"])
 def test_scheduler_ray_with_no_cluster_at_ray_address_stops_in_one_line(program, tiny_model_dir, tmp_path):
     """Ray's own connect would retry for minutes (docs/areal-bugs.md); the subprocess timeout
     is what fails this test if the check is gone."""
-    command = tiny_model_command(program, 16, tiny_model_dir, tmp_path, "scheduler.type=ray", "train_dataset.batch_size=4")
+    data = puzzle_file(tmp_path, 16)
+    command = tiny_model_args(program, tiny_model_dir, data, tmp_path, "scheduler.type=ray", "train_dataset.batch_size=4")
     address = f"127.0.0.1:{find_free_port()}"  # nothing listens there
     proc = run(command, timeout=120, env={**os.environ, "RAY_ADDRESS": address})
     assert_one_line(proc, 1, f"scheduler.type=ray: nothing answers at RAY_ADDRESS={address} (Connection refused)")

@@ -12,8 +12,7 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-import countdown
-from conftest import alive, command_line, ray_workers_without_fixes
+from conftest import alive, command_line, puzzle_file, ray_workers_without_fixes, tiny_model_args
 from launch import ray_cluster
 from launch.training import launcher_overrides, seam_env
 
@@ -21,18 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def sft_command(model: Path, data: Path, fileroot: Path) -> list[str]:
-    """The README's sft.py command on the tiny model, 4 rows a batch, its files under `fileroot`."""
-    return [
-        sys.executable, "sft.py", "--config", "configs/sft_warm_start.yaml", f"train_dataset.path={data}",
-        f"actor.path={model}", f"tokenizer_path={model}", f"cluster.fileroot={fileroot}",
-        f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve", "train_dataset.batch_size=4",
-    ]  # fmt: skip
+    """The README's sft.py command on the tiny model, 4 rows a batch."""
+    return [sys.executable, *tiny_model_args("sft.py", model, data, fileroot, "train_dataset.batch_size=4")]
 
 
 @pytest.mark.timeout(600)
 def test_sft_runs_as_areals_single_controller(tiny_model_dir, tmp_path):
-    data = tmp_path / "train.jsonl"
-    countdown.write_jsonl([(data, countdown.generate_puzzles(32, seed=0))])
+    data = puzzle_file(tmp_path, 32)
     command = [*sft_command(tiny_model_dir, data, tmp_path), "actor.mb_spec.max_tokens_per_mb=4096"]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -46,8 +40,7 @@ def test_sft_runs_as_areals_single_controller(tiny_model_dir, tmp_path):
 @pytest.mark.timeout(300)
 def test_sigterm_to_sft_leaves_no_worker(tiny_model_dir, tmp_path):
     """`kill` or `timeout` ends the controller through its clean-up: the worker it started goes too."""
-    data = tmp_path / "train.jsonl"
-    countdown.write_jsonl([(data, countdown.generate_puzzles(4096, seed=0))])
+    data = puzzle_file(tmp_path, 4096)
     command = sft_command(tiny_model_dir, data, tmp_path)
     controller = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
@@ -64,8 +57,7 @@ def test_sigterm_to_sft_leaves_no_worker(tiny_model_dir, tmp_path):
 def test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes(tiny_model_dir, tmp_path):
     """`scheduler.type=ray` on a one-node Ray cluster (launch/ray_cluster.py): AReaL's Ray
     actor trains, and the project's fixes reach it through Ray's setup hook."""
-    data = tmp_path / "train.jsonl"
-    countdown.write_jsonl([(data, countdown.generate_puzzles(32, seed=0))])
+    data = puzzle_file(tmp_path, 32)
     command = [*sft_command(tiny_model_dir, data, tmp_path), "actor.mb_spec.max_tokens_per_mb=4096",
                "scheduler.type=ray", *launcher_overrides("single-ray")]  # fmt: skip
     with ray_cluster.cluster(tmp_path / "ray", gpus=1, env=seam_env(), cwd=ROOT) as env:
