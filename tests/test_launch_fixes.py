@@ -9,6 +9,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,8 @@ from types import SimpleNamespace
 import pytest
 
 from areal_patches import (
-    clean_exit, cpu_platform, port_draw, server_start, server_watchdog, slurm_container, slurm_job_exit,
+    clean_exit, cpu_platform, port_draw, ray_workers, server_start, server_watchdog, slurm_container,
+    slurm_job_exit,
 )  # fmt: skip
 from conftest import alive
 from dev_server import sglang_launch_server
@@ -204,6 +206,19 @@ def test_two_runs_with_one_seed_draw_different_ports():
         draws.append(random.random())
     assert ports[0] != ports[1]
     assert draws[0] == draws[1]
+
+
+@pytest.mark.timeout(60)
+def test_a_ray_address_that_never_answers_is_named_after_the_connect_timeout():
+    """A head behind a firewall that drops packets, or a host that is down: the connection
+    neither succeeds nor is refused. Made here by a listener whose accept queue is full (the
+    kernel then drops the SYNs); Ray's own connect would retry for minutes."""
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as head, socket.create_connection(head.getsockname()):
+        address = "%s:%d" % head.getsockname()
+        problem = ray_workers.unreachable_ray_address(address, timeout=0.5)
+    assert problem is not None and problem.startswith(f"nothing answers at RAY_ADDRESS={address} (timed out); ")
+    with socket.create_server(("127.0.0.1", 0)) as head:
+        assert ray_workers.unreachable_ray_address("ray://%s:%d" % head.getsockname()) is None
 
 
 def run_with_seam(code: str, seam: bool = True) -> str:
