@@ -17,6 +17,7 @@ runs out of time or is interrupted. `seam_env()` puts the dev server in SGLang's
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -26,6 +27,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
 
 import countdown
 from dev_server.client import find_free_port, stop_group
@@ -218,12 +221,32 @@ def saved_global_step(folder: Path) -> int:
     return int(folder.name.rsplit("globalstep", 1)[1])
 
 
+def is_complete_save(folder: Path) -> bool:
+    """Whether the Saver finished writing `folder`: its config, whole weights, and the tokenizer
+    it writes last. A trainer stopped by a time limit can be stopped inside a save, and that
+    folder does not load."""
+    weights = list(folder.glob("*.safetensors"))
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        for name in ("tokenizer_config.json", "tokenizer.json"):
+            json.loads((folder / name).read_text())
+        for path in weights:
+            with safe_open(path, framework="pt"):
+                pass
+    except (OSError, ValueError, SafetensorError):
+        return False
+    return bool(weights) and "model_type" in config
+
+
 def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
-    """The HF folder the Saver wrote last (highest global step)."""
-    folders = list(fileroot.glob(f"checkpoints/*/{experiment}/*/default/epoch*globalstep*"))
-    if not folders:
-        raise FileNotFoundError(f"no saved model under {fileroot}/checkpoints/*/{experiment}")
-    return max(folders, key=saved_global_step)
+    """The last HF folder the Saver wrote whole (highest global step)."""
+    folders = sorted(fileroot.glob(f"checkpoints/*/{experiment}/*/default/epoch*globalstep*"),
+                     key=saved_global_step, reverse=True)  # fmt: skip
+    complete = next((folder for folder in folders if is_complete_save(folder)), None)
+    if complete is None:
+        found = f"{len(folders)} cut short" if folders else "none: the run ended before its first save"
+        raise FileNotFoundError(f"no whole saved model under {fileroot}/checkpoints/*/{experiment} ({found})")
+    return complete
 
 
 def run_sft(fileroot: Path, overrides: list[str], log_path: Path) -> Path:

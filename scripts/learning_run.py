@@ -287,8 +287,9 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
 
 
 def keep_final_model(run_dir: Path, dest: Path) -> int | None:
-    """Copy the trainer's last saved model to `dest`, the --init of a next call; its step
-    (None, and no `dest`, when the run ended before its first save).
+    """Copy the trainer's last whole save to `dest`, the --init of a next call; its step
+    (None, and no `dest`, when the run ended before its first save). A time limit can stop the
+    trainer inside a save; the save before that one is then the model.
 
     AReaL's Saver saves after every saver.freq_steps-th step, so the last save is the final
     step only when --grpo-steps is a multiple of --save-every (and no time limit cut it short).
@@ -297,7 +298,7 @@ def keep_final_model(run_dir: Path, dest: Path) -> int | None:
     try:
         saved = training.latest_checkpoint(run_dir, "countdown-learn")
     except FileNotFoundError as missing:
-        print(f"[learn] no model to go on from: {missing} (the run ended before step --save-every)", flush=True)
+        print(f"[learn] no model to go on from: {missing}", flush=True)
         return None
     shutil.copytree(saved, dest)
     step = training.saved_global_step(saved) + 1

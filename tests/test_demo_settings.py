@@ -2,6 +2,7 @@
 the summary line, and the warm start's checkpoint; the runs themselves are in
 test_launchers.py (`--quick`) and docs/results.md (the default, which learns)."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -89,13 +90,38 @@ def test_summary_of_a_run_too_short_to_evaluate_says_so(tmp_path):
     assert "eval pass@1 n/a" in demo.summary(tb_dir, 60, before=None)
 
 
-def test_latest_checkpoint_is_the_highest_global_step_not_the_newest_or_last_name(tmp_path):
-    saved = tmp_path / "checkpoints" / "root" / "countdown-sft" / "warmstart" / "default"
-    for name in ("epoch0epochstep10globalstep10", "epoch0epochstep9globalstep9"):  # 9: newest, last by name
-        (saved / name).mkdir(parents=True)
+def saves(fileroot: Path, model: Path, *steps: int) -> Path:
+    """Whole saves of `model` at these global steps, where the Saver puts them; their folder."""
+    folder = fileroot / "checkpoints" / "root" / "countdown-sft" / "warmstart" / "default"
+    for step in steps:
+        shutil.copytree(model, folder / f"epoch0epochstep{step}globalstep{step}")
+    return folder
+
+
+def test_latest_checkpoint_is_the_highest_global_step_not_the_newest_or_last_name(tmp_path, tiny_model_dir):
+    saves(tmp_path, tiny_model_dir, 10, 9)  # 9: newest, last by name
     assert training.latest_checkpoint(tmp_path, "countdown-sft").name == "epoch0epochstep10globalstep10"
     with pytest.raises(FileNotFoundError):
         training.latest_checkpoint(tmp_path, "countdown-grpo")
+
+
+def cut_weights(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("cut", [cut_weights, lambda folder: (folder / "tokenizer.json").unlink(),
+                                 lambda folder: (folder / "config.json").write_text('{"vocab')],
+                         ids=["weights-half-written", "tokenizer-not-yet-written", "config-half-written"])  # fmt: skip
+def test_latest_checkpoint_passes_over_a_save_cut_short(tmp_path, tiny_model_dir, cut):
+    """A trainer stopped by its time limit can be stopped inside a save (a GPU learning run's
+    step-215 save was): the newest folder then does not load, and the one before it is the model."""
+    folder = saves(tmp_path, tiny_model_dir, 4, 9)
+    cut(folder / "epoch0epochstep9globalstep9")
+    assert training.latest_checkpoint(tmp_path, "countdown-sft").name == "epoch0epochstep4globalstep4"
+    cut(folder / "epoch0epochstep4globalstep4")
+    with pytest.raises(FileNotFoundError, match=r"no whole saved model .*\(2 cut short\)"):
+        training.latest_checkpoint(tmp_path, "countdown-sft")
 
 
 def test_the_trainers_own_error_lines_are_echoed_whole(capsys):
