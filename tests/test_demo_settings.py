@@ -124,6 +124,19 @@ def test_latest_checkpoint_passes_over_a_save_cut_short(tmp_path, tiny_model_dir
         training.latest_checkpoint(tmp_path, "countdown-sft")
 
 
+def test_the_evaluation_command_names_the_last_whole_save_or_fails_in_one_line(tmp_path, tiny_model_dir):
+    """The demo's last line; with no whole save, a RuntimeError, which `__main__` prints as
+    `[demo] failed: ...` (a FileNotFoundError gave a traceback)."""
+    (tmp_path / "data").mkdir()
+    folder = saves(tmp_path, tiny_model_dir, 49)
+    command = demo.evaluate_command(tmp_path, "--max-new-tokens", "72")
+    assert command[:4] == ["python3", "evaluate.py", "--model", str(folder / "epoch0epochstep49globalstep49")]
+    assert command[-2:] == ["--max-new-tokens", "72"]
+    cut_weights(folder / "epoch0epochstep49globalstep49")
+    with pytest.raises(RuntimeError, match=r"no trained model to evaluate: no whole saved model .*\(1 cut short\); see .*train\.log"):
+        demo.evaluate_command(tmp_path)
+
+
 def test_the_trainers_own_error_lines_are_echoed_whole(capsys):
     """A bad-input line of train.py or sft.py is the first real error: shown whole, not cut to 160."""
     why = "x" * 300

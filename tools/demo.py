@@ -98,8 +98,15 @@ def summary(tensorboard_dir: Path, seconds: float, before: float | None) -> str:
 
 
 def evaluate_command(run_dir: Path, *options: str) -> list[str]:
-    """The README's evaluation command for the model the run saved last, on its test split."""
-    saved = latest_checkpoint(run_dir, experiment="*")
+    """The README's evaluation command for the model the run saved last, on its test split.
+
+    Raises RuntimeError (the demo's `[demo] failed: ...` line, after the summary) when no save
+    was written whole: a trainer stopped inside its last save leaves a folder that does not load.
+    """
+    try:
+        saved = latest_checkpoint(run_dir, experiment="*")
+    except FileNotFoundError as e:
+        raise RuntimeError(f"no trained model to evaluate: {e}; see {run_dir / 'train.log'}") from None
     data = run_dir / "data" / countdown.TEST_FILE
     return ["python3", "evaluate.py", "--model", str(saved), "--data", str(data), *options]
 
