@@ -4,6 +4,7 @@ cancelled (a single-controller run shutting down) is skipped, not logged as a tr
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from areal.api.cli_args import InferenceEngineConfig
@@ -31,7 +32,9 @@ def callback_errors(controller: RolloutController, cancel_first: bool) -> tuple[
     controller._pending_futures[7] = future
     if cancel_first:
         future.cancel()
-    controller._resolve_task_future(7)
+    http_thread = threading.Thread(target=controller._resolve_task_future, args=(7,))
+    http_thread.start()
+    http_thread.join()
     loop.run_until_complete(asyncio.sleep(0.01))  # runs the callback the thread scheduled
     loop.close()
     return logged, future.done() and not future.cancelled()
