@@ -131,6 +131,19 @@ def test_the_bench_runs_its_areal_row_on_two_fsdp_ranks(tmp_path):
     assert "| small |" in proc.stdout and "| 2 |" in proc.stdout  # the scaling table
 
 
+def test_the_first_traceback_survives_lines_of_other_ranks_written_into_it():
+    """Two ranks failing at once write into one pipe; the agent's line for the rank that exited
+    first can land inside the other's traceback (a CI run lost the rank's error that way)."""
+    rank_error = ["Traceback (most recent call last):", '  File "train_step.py", line 326, in build_actor',
+                  "    from areal.api import FinetuneSpec", "ImportError: areal broken on purpose"]  # fmt: skip
+    agent = "E1130 15:02:36.123 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1) local_rank: 0"
+    log = ["W1130 Setting OMP_NUM_THREADS", *rank_error[:2], agent, *rank_error[2:], "Traceback (most recent call last):",
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]  # fmt: skip
+    assert train_step.first_traceback(log) == rank_error
+    assert train_step.first_traceback(["no traceback here"]) == []
+    assert len(train_step.first_traceback(["Traceback (most recent call last):"] + ["  File"] * 100)) == 60
+
+
 def test_a_failing_rank_shows_its_own_error_not_only_torchruns_summary(tmp_path):
     """Under torchrun the last lines of a failed child are torchrun's ChildFailedError; the
     rank's own exception must be on screen too. areal is replaced by a package that fails to

@@ -84,11 +84,11 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import traceback
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -648,22 +648,44 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float, rank
     name = f"{kind} {shape}" + (f" on {ranks} ranks" if kind == "areal" else "")
     progress(f"{name}: starting")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rows, tail, first_error = [], deque(maxlen=30), []
+    rows, log = [], []
     for line in proc.stdout:
         if line.startswith("ROW "):
             rows.append(json.loads(line[4:]))
             progress(f"{name}: {summary(rows[-1])}")
             continue
-        tail.append(line.rstrip())
-        # Under torchrun the tail is torchrun's own summary: keep the first traceback too, up to
-        # its exception line (the first line after it that is not indented).
-        still_open = first_error[-1].startswith((" ", "Traceback")) if first_error else line.startswith("Traceback")
-        if still_open and len(first_error) < 60:
-            first_error.append(line.rstrip())
+        log.append(line.rstrip())
     if proc.wait() != 0:
-        shown = list(tail) if not first_error or first_error[0] in tail else [*first_error, "...", *tail]
+        tail, first_error = log[-30:], first_traceback(log)
+        shown = tail if not first_error or first_error[0] in tail else [*first_error, "...", *tail]
         progress(f"{name} exited with {proc.returncode}; its first error and last lines:\n" + "\n".join(shown))
     return rows
+
+
+EXCEPTION_LINE = re.compile(r"(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b")
+
+
+def first_traceback(lines: list[str], limit: int = 60) -> list[str]:
+    """The first traceback in a child's output, up to its exception line.
+
+    Under torchrun the output's last lines are torchrun's own summary, so the rank's error is
+    kept apart. Ranks that fail together write into one pipe: a line of another process (not
+    indented, not an exception line, such as the agent's `E... failed` line) inside the
+    traceback is skipped, not taken as its end.
+    """
+    start = next((i for i, line in enumerate(lines) if line.startswith("Traceback")), None)
+    if start is None:
+        return []
+    found = [lines[start]]
+    for line in lines[start + 1 :]:
+        if len(found) == limit:
+            break
+        if line.startswith(" ") or line.startswith("Traceback"):
+            found.append(line)
+        elif EXCEPTION_LINE.match(line):
+            found.append(line)
+            break
+    return found
 
 
 def progress(message: str) -> None:
