@@ -18,6 +18,7 @@ for them.
 | `slurm_job_exit` | `scheduler.type=slurm`: a worker job whose worker fails ends COMPLETED (its status is `tee`'s), so the controller waits 300 s, then says `WorkerTimeoutError` | the job ends FAILED and the wait ends within seconds, with the role's log tail | `install(slurm_job_exit=False)` |
 | `port_draw` | ports are drawn from `random` after the trainer seeded it with `seed`: two runs with one seed on one machine take the same ports, and one talks to the other's workers until it hangs | ports drawn by a generator the OS seeds; `seed` still decides everything else | `install(port_draw=False)` |
 | `task_callback` | single controller: a rollout's completion callback that comes after its wait was cancelled (a run shutting down) sets a result on a cancelled future, and the event loop logs `InvalidStateError: invalid state` after "Training completes" | the callback skips a future that is no longer pending | `install(task_callback=False)` |
+| `rollout_shutdown` | single controller: `RolloutController.destroy` stops its callback server before its workers, so a rollout finishing meanwhile makes the worker log `ERROR: Callback to .../rollout_complete failed` (reset, refused or 500) | the server stops after the workers are deleted and answers a late callback 200, resolving nothing | `install(rollout_shutdown=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 | `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
@@ -47,6 +48,7 @@ def install(
     slurm_job_exit: bool = True,
     port_draw: bool = True,
     task_callback: bool = True,
+    rollout_shutdown: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
@@ -58,6 +60,7 @@ def install(
     from areal_patches import pass_at_k as pass_at_k_module
     from areal_patches import port_draw as port_draw_module
     from areal_patches import progress_total as progress_total_module
+    from areal_patches import rollout_shutdown as rollout_shutdown_module
     from areal_patches import rollout_stats as rollout_stats_module
     from areal_patches import server_start as server_start_module
     from areal_patches import slurm_container as slurm_container_module
@@ -93,3 +96,5 @@ def install(
         port_draw_module.install()
     if task_callback:
         task_callback_module.install()
+    if rollout_shutdown:
+        rollout_shutdown_module.install()

@@ -151,6 +151,7 @@ def test_readme_command_trains_pushes_evaluates_plots_and_checkpoints(launcher, 
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
     assert "rollout/reward" in (run_dir / "curves.csv").read_text().splitlines()[0]
     assert "\x1b[" not in (run_dir / "train.log").read_text()  # AReaL's colours stay off the file
+    assert not re.search(r"Callback to \S+ failed", output)  # areal_patches/rollout_shutdown.py
 
     scalars = plot.load_run(run_dir / "logs" / "tensorboard")
     assert sorted(scalars["rollout/reward"]) == [0, 1]
