@@ -10,8 +10,8 @@ rate to start from (docs/results.md).
 
 Several examples share one row (`examples_per_row`), so a batch of B rows trains on
 B * examples_per_row examples. Why: AReaL's SPMD trainer moves every row to the GPU and
-broadcasts it as separate tensors, which costs ~1.2 ms per row on the H100 machine, more
-than the whole update of a 25M model on 512 short rows. Attention inside a row is
+broadcasts it as separate tensors, a cost per row that on the GPU machine outweighed the
+whole update of a 25M model on 512 short rows (docs/results.md). Attention inside a row is
 causal across its examples (no cross-example masking), as in naive SFT packing: each
 example still sees its own full prompt, and the first example of every row sees nothing
 else, as at inference.

@@ -6,38 +6,38 @@ launched it. Seven costs there were not the model's own work (docs/results.md se
 
 - **Unfused element-wise work.** Transformers' Qwen2 runs RMSNorm (in float32), SwiGLU, the
   rotary embedding and the residual additions as chains of small kernels, each reading and
-  writing the whole activation tensor: 41% of the GPU time of a 1.5B step, plus the host
-  time of launching them. Each decoder layer's forward is compiled by torch.compile (dynamic
-  shapes: after one recompilation in the second step, none as micro-batch lengths change),
-  which fuses those chains; the first step pays about a minute of compilation. It beat
+  writing the whole activation tensor: the largest share of a step's GPU time, plus the
+  host time of launching them. Each decoder layer's forward is compiled by torch.compile
+  (dynamic shapes: after one recompilation in the second step, none as micro-batch lengths
+  change), which fuses those chains; the first step pays for the compilation. It beat
   Liger's fused kernels.
 - **Log-prob slices.** AReaL computes log-probs in 1024-position slices of the logits, and
   each slice's backward fills and adds a zero tensor the size of all the logits.
 - **Packing micro-batches** read two numbers back from the GPU per sequence and tensor
-  (1,851 host syncs per step for 64 sequences); one sync does.
+  (thousands of host syncs per step); one sync does.
 - **Gradient clipping** without Apex or Transformer Engine reads each parameter's gradient
-  norm back to the host (1,364 host syncs per step at 1.5B); multi-tensor kernels do not.
+  norm back to the host, one sync per parameter; multi-tensor kernels do not.
 - **Advantages.** AReaL's estimate loops in Python over every position of the padded batch,
-  ~10,000 tiny kernels per step; for GRPO it is a reverse cumulative sum.
+  a dozen tiny kernels each; for GRPO it is a reverse cumulative sum.
 - **Logits nobody reads.** AReaL's engine computes logits, log-probs and entropy at prompt
-  positions too; only the positions next to loss-masked tokens are computed now (5-8% faster
-  steps, 2.8 GiB less memory at 64 sequences).
+  positions too; only the positions next to loss-masked tokens are computed now (faster
+  steps, less memory).
 - **Parameters gathered again and again.** FSDP2, as AReaL sets it up, frees each layer's
   gathered parameters after its forward, so they are gathered again for its backward and
-  for every micro-batch of compute_logp: each layer's 10 times per 1.5B bench step, about
-  190 ms of casts and copies on one GPU. Each pass now keeps them until it ends (5 times),
-  holding 2 bytes per parameter more while it runs: median steps 6.7% faster at 1.5B, 9%
-  at 0.5B (64 sequences, one H100); 4.1% at 1.5B on one GPU's share of the shipped batch.
+  for every micro-batch of compute_logp. Each pass now keeps them until it ends, holding
+  2 bytes per parameter more while it runs.
 
-The first six together: a 1.6x faster step at 1.5B, about 2x at 0.5B. The replacements
-give AReaL's results bit for bit, but for the last digits of the gradient norm, of the
-advantages when the reward has a KL penalty (kl_ctl > 0), and the vocabulary min/max
-statistics, which now average over the loss-masked positions (tests/test_fast_step.py).
+What each change measured, and all of them together against AReaL's step: docs/results.md
+section 2 ("What changed, and what each change measured", and the sessions' sections above
+it). The replacements give AReaL's results bit for bit, but for the last digits of the
+gradient norm, of the advantages when the reward has a KL penalty (kl_ctl > 0), and the
+vocabulary min/max statistics, which now average over the loss-masked positions
+(tests/test_fast_step.py).
 
 One more change trades memory for time. With gradient checkpointing on, every layer's
 forward runs again in the backward; the last N layers (`actor.layers_not_checkpointed` in
-train_config.yaml, 0 turns it off) keep their activations instead. 8 layers:
-a 256-sequence step 5% faster at 1.5B (one H100) and 4% at 3B, for 1.6 and 2.0 GiB per layer.
+train_config.yaml, 0 turns it off) keep their activations instead, for a faster step
+at the cost of each such layer's activation memory (docs/results.md, "Sixth session").
 
 `install()` applies all eight in this process, through `areal_patches.install()`: train.py's
 `main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in AReaL's RPC workers.
@@ -301,9 +301,9 @@ def keep_activations(model: torch.nn.Module, n_layers: int) -> None:
 
     Checkpointing every layer recomputes the whole forward pass in the backward, one forward
     in five of a GRPO step (log-probs, then forward and backward of the update). A layer
-    that keeps its activations skips its recomputation and holds them until its backward:
-    1.6 GiB per layer of a 24k-token micro-batch at 1.5B, 2.0 GiB at 3B (measured). Call
-    after AReaL has enabled checkpointing; the others stay checkpointed.
+    that keeps its activations skips its recomputation and holds them until its backward
+    (the memory per layer: docs/results.md, "Sixth session"). Call after AReaL has enabled
+    checkpointing; the others stay checkpointed.
     """
     layers = model.get_decoder().layers
     for layer in layers[max(len(layers) - n_layers, 0) :]:

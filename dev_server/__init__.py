@@ -25,13 +25,11 @@ Modules, by role:
   processes AReaL starts (see sglang_seam/sitecustomize.py).
 
 Speed: on CPU it uses one torch thread unless ``--threads`` says otherwise (tiny models
-get slower with more threads, and much slower when the cores are shared); ~2,600
-tokens/s for 32 requests x 128 new tokens with the tiny preset on one core. On a GPU,
+get slower with more threads, and much slower when the cores are shared). On a GPU,
 Qwen2 models decode through dev_server/static_decode.py (a preallocated KV cache, each decode
 step replayed as one CUDA graph); other models, and ``--decoder hf``, through transformers'
-own forward, which is bound by Python and kernel launches. On an H100 with the 25M
-``small`` preset in bfloat16 (bench/gpu/decode.py): 1.1-3.8 ms per step for 1-1024
-requests against 10-14 ms, and the same greedy completions.
+own forward, which is bound by Python and kernel launches; both give the same greedy
+completions (bench/gpu/decode.py; its table is in docs/results.md, attempt 5).
 
 Endpoints (the ones ``RemoteSGLangEngine`` calls, plus a few SGLang probes):
   GET  /health, /health_generate, /get_model_info, /get_server_info,

@@ -64,8 +64,8 @@ class Engine:
         self.step_delay_s = step_delay_s
         if self.device.type == "cuda":
             # cuDNN's SDPA builds an execution plan for every new (batch, kv length) shape,
-            # and a KV-cached decode makes a new shape every step: measured on an H100 with
-            # the 31M model, 70-80 ms/step with it vs 9-11 ms/step with flash/mem-efficient.
+            # and a KV-cached decode makes a new shape every step, so every step paid for
+            # a plan: several times slower than the flash or memory-efficient kernels.
             torch.backends.cuda.enable_cudnn_sdp(False)
         torch.manual_seed(seed)
         self.generator = torch.Generator(device=self.device)

@@ -122,8 +122,8 @@ def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list
     Tuned for learning per call (docs/results.md, attempts 4 and 5): groups whose samples
     all score the same are skipped (train.py's skip_uniform_groups; off with
     --no-skip-uniform-groups, needed when the model solves nothing), the proximal log-probs are
-    interpolated (no extra forward pass), two steps' rollouts may be in flight (5.5 -> 5.0 s
-    per step in attempt 4, with transformers' decoding in the dev server), training
+    interpolated (no extra forward pass), two steps' rollouts may be in flight (shorter
+    steps in attempt 4, with transformers' decoding in the dev server), training
     samples stop at --train-max-new-tokens (the reference solutions need < 120 tokens; a
     rare runaway sample otherwise holds its whole batch for 256 decode steps), and a
     micro-batch holds a whole minibatch of this small model.
@@ -246,8 +246,8 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
     run_dir = args.work / "grpo"
     shutil.rmtree(run_dir, ignore_errors=True)
     with serve(str(model), timeout=600, **server_options(args)) as addr, ThreadPoolExecutor(1) as pool:
-        # The first evaluation runs while the trainer starts up (imports, model, data: ~35 s
-        # on the GPU machine), on the server's initial weights: checked below.
+        # The first evaluation runs while the trainer starts up (imports, model, data), on
+        # the server's initial weights: checked below.
         evaluation = pool.submit(evaluate_initial_weights, addr, model, args)
         start = time.time()
         limit = f", stopped after {args.grpo_seconds:.0f} s" if args.grpo_seconds else ""

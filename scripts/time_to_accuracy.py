@@ -25,7 +25,7 @@ point is dated when its evaluation begins, and each row records its evaluations'
 For A, B and D this is scripts/learning_run.py's grpo phase, with one addition: `Deadline`
 stops the trainer --seconds after its first rollout, which it dates from the first step's
 TensorBoard scalars (their wall time less the step's timed sections, timeperf/*). The
-trainer's start-up (~35 s on the GPU machine) is not on the clock.
+trainer's start-up (imports, model, data) is not on the clock.
 
 Writes OUT/row_<X>.json: the row, its settings (every knob: learning_run's, and AReaL's
 resolved config or TRL's GRPOConfig), device, date, steps, seconds per step and its parts,

@@ -17,7 +17,7 @@ Model: ``Qwen2ForCausalLM`` from a ``Qwen2Config``, random init seeded by ``--se
 (same seed, same weights, bit for bit), tied embeddings, float32.
 
 Presets:
-  tiny   ~1.4 M params: CPU tests and the quick CPU demo (builds in ~5 s on CPU, mostly imports).
+  tiny   ~1.4 M params: CPU tests and the quick CPU demo.
   demo   tiny in 8 attention heads instead of 4: the CPU demo that learns (`make demo`).
   small  ~25 M params: the GPU learning experiment (docs/results.md); 49 MB in bf16, so
          a warm-started checkpoint fits in one transfer to and from the GPU machine.
