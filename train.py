@@ -34,7 +34,7 @@ from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, PPOActorConfig
 from areal.utils import stats_tracker
 from areal.utils.hf_utils import load_hf_tokenizer
-from reward_score import SOLVED_SCORE, compute_score, has_think_answer_format
+from reward_score import SOLVED_SCORE, closeness, compute_score, has_think_answer_format
 
 
 class CountDownWorkflow(RolloutWorkflow):
@@ -49,11 +49,13 @@ class CountDownWorkflow(RolloutWorkflow):
         self,
         gconfig: GenerationHyperparameters,
         tokenizer: PreTrainedTokenizerFast | str,
+        closeness_bonus: float = 0.0,
     ):
         if isinstance(tokenizer, str):
             tokenizer = load_hf_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer).new(n_samples=1)
+        self.closeness_bonus = closeness_bonus
 
     async def arun_episode(self, engine: InferenceEngine, data: dict) -> dict:
         prompt_ids = countdown.prompt_token_ids(self.tokenizer, data["messages"])
@@ -65,16 +67,29 @@ class CountDownWorkflow(RolloutWorkflow):
         )
         response = await engine.agenerate(request)
         completion = self.tokenizer.decode(response.output_tokens, skip_special_tokens=True)
-        reward = compute_score(completion, data)
-        log_episode_stats(data, completion, reward, response.output_len, response.stop_reason)
+        score = compute_score(completion, data)
+        reward = shaped_reward(score, completion, data, self.closeness_bonus)
+        log_episode_stats(data, completion, score, reward, response.output_len, response.stop_reason)
         return trajectory(response, reward)
 
 
+def shaped_reward(score: float, completion: str, data: dict, closeness_bonus: float) -> float:
+    """compute_score's score, plus `closeness_bonus` times `closeness` for an unsolved answer.
+
+    Why: once every sample of a puzzle fails, the scores are all equal and the puzzle teaches
+    nothing; the bonus ranks such samples, a near miss above a far one. A solved sample
+    keeps its score, above any unsolved one (the config keeps the bonus below 0.9).
+    """
+    if closeness_bonus == 0 or score == SOLVED_SCORE:
+        return score
+    return score + closeness_bonus * closeness(completion, data)
+
+
 def log_episode_stats(
-    data: dict, completion: str, reward: float, completion_len: int, stop_reason: str
+    data: dict, completion: str, score: float, reward: float, completion_len: int, stop_reason: str
 ) -> None:
     """Per-episode scalars; AReaL averages them per step under `rollout/` or `eval-rollout/`."""
-    solved = float(reward == SOLVED_SCORE)
+    solved = float(score == SOLVED_SCORE)
     stats_tracker.get(workflow_context.stat_scope()).scalar(
         reward=reward,
         success=solved,
@@ -152,6 +167,19 @@ class CountDownConfig(GRPOConfig):
     server_health_grace: float = field(
         default=60.0, metadata={"help": "seconds a rollout server may not answer before the run stops (0: never)"}
     )
+    closeness_bonus: float = field(
+        default=0.0,
+        metadata={"help": "training reward only: an unsolved answer with the right numbers earns this "
+                  "times reward_score.closeness more (train.shaped_reward); 0 is compute_score alone"},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 <= self.closeness_bonus < 0.9:
+            raise ValueError(
+                f"closeness_bonus={self.closeness_bonus}: use 0 (compute_score alone) or a bonus below "
+                "0.9, so that an unsolved answer (format score 0.1, plus the bonus) scores below a solved one"
+            )
 
 
 def load_split(path: str) -> Dataset:
@@ -189,7 +217,7 @@ def main(argv: list[str]) -> None:
         server_watchdog.watch_rollout_servers(trainer, config.server_health_grace)
         trainer.train(
             workflow="train.CountDownWorkflow",
-            workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path),
+            workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path, closeness_bonus=config.closeness_bonus),
             eval_workflow="train.CountDownWorkflow",
             eval_workflow_kwargs=dict(gconfig=config.eval_gconfig, tokenizer=tokenizer_path),
             dynamic_filter_fn="train.has_reward_spread" if config.skip_uniform_groups else None,

@@ -1,7 +1,7 @@
 """train.py on CPU: the workflow through AReaL's real RemoteSGLangEngine and the dev server,
 GRPO grouping, a two-step training run with disk weight pushes, recovery, and bad input.
 
-Nothing is mocked but the trainer of one test, which says why: the dev server
+Nothing is mocked but the trainer of one test and the engine of another, each saying why: the dev server
 (dev_server/) stands in for SGLang, which cannot run here, and speaks the same HTTP
 protocol to the same client code.
 """
@@ -317,10 +317,11 @@ def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, 
     assert leftovers.stdout.strip() == ""
 
 
-def test_skip_uniform_groups_hands_the_filter_to_the_trainer(tiny_model_dir, data_dir, tmp_path, monkeypatch):
+def test_skip_uniform_groups_and_closeness_bonus_reach_the_trainer(tiny_model_dir, data_dir, tmp_path, monkeypatch):
     """skip_uniform_groups=true gives PPOTrainer.train train.has_reward_spread, by the name AReaL
-    resolves, as its dynamic filter; the default gives none. The trainer is mocked by a recorder:
-    the tiny model solves no puzzle, so a real run would drop every group and never fill a batch."""
+    resolves, as its dynamic filter; the default gives none. closeness_bonus reaches the training
+    workflow only, never the evaluation's. The trainer is mocked by a recorder: the tiny model
+    solves no puzzle, so a real run would drop every group and never fill a batch."""
     from areal.infra.remote_inf_engine import RemoteInfEngine
 
     import train
@@ -345,10 +346,70 @@ def test_skip_uniform_groups_hands_the_filter_to_the_trainer(tiny_model_dir, dat
             f"train_dataset.path={data_dir}/train_e.jsonl", f"valid_dataset.path={data_dir}/test_e.jsonl"]  # fmt: skip
     train.main([*argv, "skip_uniform_groups=true"])
     train.main(argv)
-    assert [c["dynamic_filter_fn"] for c in calls] == ["train.has_reward_spread", None]
+    train.main([*argv, "closeness_bonus=0.3"])
+    assert [c["dynamic_filter_fn"] for c in calls] == ["train.has_reward_spread", None, None]
+    assert [c["workflow_kwargs"]["closeness_bonus"] for c in calls] == [0.0, 0.0, 0.3]
+    assert all("closeness_bonus" not in c["eval_workflow_kwargs"] for c in calls)
 
     keep = RemoteInfEngine._resolve_should_accept_fn(None, calls[0]["dynamic_filter_fn"])
     assert keep({"rewards": torch.tensor([0.0, 0.1, 0.0, 0.0])})
     assert keep({"rewards": torch.tensor([1.0, 0.0, 1.0, 1.0])})
     assert not keep({"rewards": torch.zeros(4)})
     assert not keep({"rewards": torch.ones(4)})
+
+
+ROW = {"nums": [19, 36, 55, 7], "target": 65, "messages": countdown.make_messages([19, 36, 55, 7], 65)}
+ANSWERS = {  # completion -> compute_score, closeness
+    "<think>55 + 36 = 91</think>\n<answer>55 + 36 - 7 - 19</answer>": (1.0, 1.0),
+    "<think>36 / 12 = 3</think>\n<answer>55 + 36 / (19 - 7)</answer>": (0.1, 1 / 8),  # 58: 7 off
+    "<think>55 + 36 = 91</think>\n<answer>55 + 36 + 7 + 19</answer>": (0.1, 1 / 53),  # 117: 52 off
+    "<think>55 + 36 = 91</think>\n<answer>55 + 36 - 26</answer>": (0.1, 0.0),  # wrong numbers
+    "<think>55 + 36 = 91": (0.0, 0.0),  # no answer
+}
+
+
+class ScriptedEngine:
+    """Stands in for AReaL's engine so that the workflow sees chosen completions: the tiny
+    model cannot be made to write a near miss. Everything after generation is train.py's own."""
+
+    def __init__(self, tokenizer, completions):
+        self.tokenizer, self.completions = tokenizer, list(completions)
+
+    async def agenerate(self, request):
+        from areal.api import ModelResponse
+
+        out = self.tokenizer.encode(self.completions.pop(0), add_special_tokens=False)
+        return ModelResponse(input_tokens=list(request.input_ids), output_tokens=out,
+                             output_logprobs=[-1.0] * len(out), output_versions=[0] * len(out))
+
+
+@pytest.mark.parametrize("bonus", [0.0, 0.5])
+def test_closeness_bonus_ranks_unsolved_answers_by_their_distance(tiny_model_dir, bonus):
+    import asyncio
+
+    from areal.api.cli_args import GenerationHyperparameters
+
+    import train
+
+    workflow = train.CountDownWorkflow(GenerationHyperparameters(max_new_tokens=24), str(tiny_model_dir), bonus)
+    engine = ScriptedEngine(workflow.tokenizer, ANSWERS)
+    rewards = [asyncio.run(workflow.arun_episode(engine, ROW))["rewards"].item() for _ in ANSWERS]
+
+    for (completion, (score, near)), reward in zip(ANSWERS.items(), rewards):
+        assert compute_score(completion, ROW) == score
+        assert reward == pytest.approx(score if score == 1.0 else score + bonus * near)
+    if bonus:
+        assert rewards == sorted(rewards, reverse=True)  # solved, 7 off, 52 off, wrong numbers, no answer
+        assert rewards[0] == 1.0 and rewards[1] < 1.0
+
+
+@pytest.mark.parametrize("bonus", [-0.1, 0.9])
+def test_a_closeness_bonus_that_could_outscore_a_solution_is_refused(tmp_path, bonus):
+    from areal.api.cli_args import parse_cli_args, to_structured_cfg
+    from omegaconf import OmegaConf
+
+    from train import CountDownConfig
+
+    cfg, _ = parse_cli_args(["--config", str(ROOT / "train_config.yaml"), f"closeness_bonus={bonus}"])
+    with pytest.raises(ValueError, match="closeness_bonus"):
+        OmegaConf.to_object(to_structured_cfg(cfg, CountDownConfig))
