@@ -6,7 +6,7 @@ launched it. Seven costs there were not the model's own work (docs/results.md se
 
 - **Unfused element-wise work.** Transformers' Qwen2 runs RMSNorm (in float32), SwiGLU, the
   rotary embedding and the residual additions as chains of small kernels, each reading and
-  writing the whole activation tensor: the largest share of a step's GPU time, plus the
+  writing the whole activation tensor: the largest of these costs in GPU time, plus the
   host time of launching them. Each decoder layer's forward is compiled by torch.compile
   (dynamic shapes: after one recompilation in the second step, none as micro-batch lengths
   change), which fuses those chains; the first step pays for the compilation. It beat
@@ -16,7 +16,7 @@ launched it. Seven costs there were not the model's own work (docs/results.md se
 - **Packing micro-batches** read two numbers back from the GPU per sequence and tensor
   (thousands of host syncs per step); one sync does.
 - **Gradient clipping** without Apex or Transformer Engine reads each parameter's gradient
-  norm back to the host, one sync per parameter; multi-tensor kernels do not.
+  norm back to the host, several syncs for every parameter; multi-tensor kernels do not.
 - **Advantages.** AReaL's estimate loops in Python over every position of the padded batch,
   a dozen tiny kernels each; for GRPO it is a reverse cumulative sum.
 - **Logits nobody reads.** AReaL's engine computes logits, log-probs and entropy at prompt
