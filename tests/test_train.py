@@ -404,7 +404,7 @@ def test_closeness_bonus_ranks_unsolved_answers_by_their_distance(tiny_model_dir
 
 
 @pytest.mark.parametrize("bonus", [-0.1, 0.9])
-def test_a_closeness_bonus_that_could_outscore_a_solution_is_refused(tmp_path, bonus):
+def test_a_closeness_bonus_that_could_outscore_a_solution_is_refused(bonus):
     from areal.api.cli_args import parse_cli_args, to_structured_cfg
     from omegaconf import OmegaConf
 
