@@ -152,8 +152,9 @@ def seam_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         **os.environ,
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
-        # torch.compile of AReaL's log-prob kernels costs ~1 min on CPU, same numbers.
-        "TORCHDYNAMO_DISABLE": "1",
+        # torch.compile of AReaL's log-prob kernels costs ~1 min on CPU, same numbers. Set
+        # TORCHDYNAMO_DISABLE=0 for a GPU run that compiles its step as users' runs do.
+        "TORCHDYNAMO_DISABLE": os.environ.get("TORCHDYNAMO_DISABLE", "1"),
         "PYTHONUNBUFFERED": "1",
         **(extra or {}),
     }

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 import plot
 from conftest import ray_workers_without_fixes
+from test_readme_commands import readme_training_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHERS = ["single", "single-ray", "single-slurm", "local", "ray", "slurm"]
@@ -102,13 +104,16 @@ def is_torchrun(cmd: str) -> bool:
     return len(argv) > 1 and argv[1].endswith("/torchrun")
 
 
+def run_logs(run_dir: Path) -> str:
+    """The run's log and its workers' and servers' logs, one after the other."""
+    return "".join(path.read_text(errors="replace") for path in [run_dir / "train.log", *run_dir.glob("logs/**/*.log")])
+
+
 def server_loads(run_dir: Path) -> dict[str, list[tuple[str, float]]]:
     """For each dev server (by port), (model folder, fingerprint) of each load it logged, in
     time order: its start, then each weight push. The same line may reach several of the
     run's logs."""
-    lines = set()
-    for path in [run_dir / "train.log", *run_dir.glob("logs/**/*.log")]:
-        lines |= {m.groups() for m in SERVER_LOAD.finditer(path.read_text(errors="replace"))}
+    lines = {m.groups() for m in SERVER_LOAD.finditer(run_logs(run_dir))}
     loads: dict[str, list[tuple[str, float]]] = {}
     for _, port, folder, fingerprint in sorted(lines):
         loads.setdefault(port, []).append((folder, float(fingerprint)))
@@ -219,6 +224,79 @@ def test_the_shipped_layout_on_this_hosts_gpus(launcher, start_demo, tmp_path):
     servers = set().union(*(ids for role, ids in placed.items() if role in SERVER_ROLES))
     trainers = set().union(*(ids for role, ids in placed.items() if role in TRAINER_ROLES))
     assert len(servers) == len(trainers) == width and servers.isdisjoint(trainers), placed
+
+
+# The trainer settings that the CPU overrides shrink (launch.training.cpu_overrides), as
+# train_config.yaml ships them.
+SHIPPED_TRAINER = ["actor.dtype", "actor.gradient_checkpointing", "actor.mb_spec.max_tokens_per_mb",
+                   "actor.ppo_n_minibatches", "gconfig.n_samples", "gconfig.max_new_tokens"]  # fmt: skip
+
+
+def as_shipped(key: str) -> str:
+    """`key=value` with train_config.yaml's value."""
+    value = yaml.safe_load((ROOT / "train_config.yaml").read_text())
+    for part in key.split("."):
+        value = value[part]
+    return f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+# The README's commands for one and two GPUs, each with a model of the size it names:
+# (the command's mark, the model preset, the served model's size in millions of parameters).
+README_GPU_RUNS = {
+    1: ("cluster.n_gpus_per_node=1 ", "qwen2.5-1.5b", "1543"),
+    2: ("cluster.n_gpus_per_node=2 ", "qwen2.5-3b", "3085"),
+}
+
+
+def readme_gpu_overrides(mark: str) -> list[str]:
+    """The overrides of the one README training command holding `mark`."""
+    (command,) = [c for c in readme_training_commands() if mark in c]
+    words = command.split()
+    return words[words.index("train_config.yaml") + 1 :]
+
+
+@pytest.fixture(scope="module")
+def readme_gpu_run(tmp_path_factory) -> tuple[int, Path, Path]:
+    """For this host's GPUs (two at most): their number, a model of the README command's size
+    with random weights (nothing is downloaded), and a folder of 64 training and 32 held-out
+    puzzles of 3-4 numbers."""
+    gpus = min(cuda_devices(), 2)
+    folder = tmp_path_factory.mktemp("readme-gpu-run")
+    model, data = folder / "model", folder / "data"
+    subprocess.run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset",
+                    README_GPU_RUNS[gpus][1]], cwd=ROOT, check=True)  # fmt: skip
+    subprocess.run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", "64", "--test-size", "32"],
+                   cwd=ROOT, check=True)  # fmt: skip
+    return gpus, model, data
+
+
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU; its GPU runs: docs/results.md, issue 24")
+@pytest.mark.parametrize("launcher", ["single", "local"])
+def test_the_readmes_small_gpu_command_with_a_model_of_its_size(launcher, readme_gpu_run, start_demo, tmp_path,
+                                                                monkeypatch):  # fmt: skip
+    """The README's command for this host's GPUs (one shared by the server and FSDP, with a
+    1.5B-shaped model; or one server GPU and one FSDP GPU, with a 3B-shaped model), with
+    train_config.yaml's trainer settings, for 2 steps: each step pushes the weights through
+    disk to the server, the held-out puzzles are evaluated, the recover checkpoint holds the
+    optimizer state."""
+    gpus, model, data = readme_gpu_run
+    mark, _, millions = README_GPU_RUNS[gpus]
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")  # the trainer compiles its layers, as users' runs do
+    # A step's completions in one CUDA-graph batch (random weights write all 1024 tokens).
+    monkeypatch.setenv("DEV_SERVER_ARGS", "--max-batch 256 --static-max-len 1280")
+    before = live_processes()
+    run_dir = tmp_path / "run"
+    proc = start_demo(
+        run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *readme_gpu_overrides(mark),
+        *map(as_shipped, SHIPPED_TRAINER), f"actor.path={model}", f"train_dataset.path={data / 'train_e.jsonl'}",
+        f"valid_dataset.path={data / 'test_e.jsonl'}", "recover.freq_steps=2",
+    )  # fmt: skip
+    log = assert_layout_ran(proc, run_dir, before, width=1)
+    placed = gpus_by_role(log)
+    servers = set().union(*(ids for role, ids in placed.items() if role in SERVER_ROLES))
+    trainers = set().union(*(ids for role, ids in placed.items() if role in TRAINER_ROLES))
+    assert len(servers) == len(trainers) == 1 and (servers == trainers) == (gpus == 1), placed
+    assert re.search(rf"INFO loaded \S+ \({millions}\.\d\d M params\)", run_logs(run_dir)), "not the model"
 
 
 # The single controller gets the SIGTERM of `kill` and `timeout`, which the demo turns into the

@@ -174,3 +174,32 @@ def test_medium_preset_is_three_times_small(tok):
     medium = mtm.build_model(tok, preset="medium", seed=0)
     assert 2.5 * small <= mtm.count_params(medium) <= 3.5 * small
     assert medium.config.hidden_size // medium.config.num_attention_heads == 64
+
+
+@pytest.mark.parametrize("preset, billions, without_embedding", [("qwen2.5-1.5b", 1.54, 1.31),
+                                                                  ("qwen2.5-3b", 3.09, 2.77)])
+def test_qwen_presets_have_the_released_models_shapes(tok, preset, billions, without_embedding):
+    """The Qwen2.5 model cards' parameter counts, in all and without the embedding (on the meta
+    device: no random weights built in a test)."""
+    config = mtm.model_config(tok, preset)
+    with torch.device("meta"):
+        model = transformers.Qwen2ForCausalLM(config)
+    total = mtm.count_params(model)
+    embedding = config.vocab_size * config.hidden_size
+    assert config.vocab_size == 151936 > len(tok)
+    assert (round(total / 1e9, 2), round((total - embedding) / 1e9, 2)) == (billions, without_embedding)
+
+
+def test_a_bfloat16_preset_is_written_in_bfloat16(tmp_path, monkeypatch):
+    """The qwen2.5 presets' folder format, on tiny's sizes (those models are built on the GPU
+    machine), with a vocabulary larger than the tokenizer: it loads, and ids past the
+    tokenizer's end decode to nothing."""
+    monkeypatch.setitem(mtm.PRESETS, "qwen2.5-3b", {**mtm.TINY, "vocab_size": 4096})
+    out = mtm.make_tiny_model(tmp_path / "m", preset="qwen2.5-3b", verbose=False)
+    assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.bfloat16}
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size == 4096
+    past_the_end = len(tokenizer) + 100
+    assert tokenizer.decode([past_the_end]) == ""
+    assert tokenizer.decode(tokenizer.encode("12 + 3") + [past_the_end]) == "12 + 3"

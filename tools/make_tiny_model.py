@@ -14,13 +14,16 @@ completions generated with ``countdown.py``. Special tokens follow Qwen:
 ChatML as in Qwen2.5, with a default system message when none is given.
 
 Model: ``Qwen2ForCausalLM`` from a ``Qwen2Config``, random init seeded by ``--seed``
-(same seed, same weights, bit for bit), tied embeddings, float32.
+(same seed, same weights, bit for bit), tied embeddings, float32 (the qwen2.5 presets: bfloat16).
 
 Presets:
   tiny   ~1.4 M params: CPU tests and the quick CPU demo.
   demo   tiny in 8 attention heads instead of 4: the CPU demo that learns (`make demo`).
   small  ~25 M params: the GPU learning experiment (docs/results.md); 49 MB in bf16, so
          a warm-started checkpoint fits in one transfer to and from the GPU machine.
+  medium ~76 M params: the larger model of the learning experiment.
+  qwen2.5-1.5b, qwen2.5-3b  those models' shapes and vocabulary, written in bfloat16: the
+         README's one- and two-GPU commands run on a GPU machine (tests/test_launchers.py).
 
 The folder is written atomically: it is built in a temporary sibling directory and
 renamed into place, so an interrupted run never leaves a half-written model behind.
@@ -90,7 +93,29 @@ PRESETS: dict[str, dict] = {
         num_attention_heads=12,
         num_key_value_heads=4,
     ),
+    # The shapes of Qwen2.5-1.5B and -3B (the README's one- and two-GPU commands), their
+    # 151,936-entry vocabulary included (the logits are a large part of a training step's
+    # memory), so that a GPU run costs what those models cost; the weights are random and the
+    # tokenizer is this project's (ids past its end decode to nothing).
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
+    "qwen2.5-3b": dict(
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
 }
+# Written in bfloat16, as the released checkpoints are: float32 would double their folders.
+BFLOAT16_PRESETS = {"qwen2.5-1.5b", "qwen2.5-3b"}
 
 VOCAB_SIZE = 1024  # BPE target; the corpus supports ~900 (899 tokens with the current one)
 MAX_POSITION_EMBEDDINGS = 4096
@@ -191,17 +216,15 @@ def build_tokenizer(corpus: list[str], vocab_size: int = VOCAB_SIZE):
     )
 
 
-def build_model(tokenizer, preset: str = "tiny", seed: int = 0):
-    """Randomly initialised Qwen2ForCausalLM (float32) sized for ``tokenizer``."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+def model_config(tokenizer, preset: str = "tiny"):
+    """The Qwen2Config of ``preset``, sized for ``tokenizer`` (or for the preset's own
+    vocabulary where it names one)."""
+    from transformers import Qwen2Config
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    return Qwen2Config(
         max_position_embeddings=MAX_POSITION_EMBEDDINGS,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
@@ -210,11 +233,20 @@ def build_model(tokenizer, preset: str = "tiny", seed: int = 0):
         tie_word_embeddings=True,
         use_cache=True,
         bos_token_id=pad_id,  # as in Qwen2: never prepended by the tokenizer
-        eos_token_id=eos_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
         pad_token_id=pad_id,
         dtype="float32",
-        **PRESETS[preset],
+        **{"vocab_size": len(tokenizer), **PRESETS[preset]},
     )
+
+
+def build_model(tokenizer, preset: str = "tiny", seed: int = 0):
+    """Randomly initialised Qwen2ForCausalLM (float32) of ``model_config``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    config = model_config(tokenizer, preset)
+    pad_id, eos_id = config.pad_token_id, config.eos_token_id
     # Deterministic init on CPU in float32, without disturbing the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -287,11 +319,16 @@ def count_params(model) -> int:
 def make_tiny_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0,
                     verbose: bool = True) -> Path:
     """Build tokenizer + model and write them atomically to ``out`` (replaced if present)."""
+    import torch
+
     t0 = time.perf_counter()
     out = Path(out).absolute()
     tokenizer = build_tokenizer(build_corpus())
     model = build_model(tokenizer, preset=preset, seed=seed)
     n_params = count_params(model)
+
+    if preset in BFLOAT16_PRESETS:
+        model.to(torch.bfloat16)
 
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
