@@ -6,6 +6,7 @@ for them.
 |---|---|---|---|
 | `packed_sdpa` | transformers' `sdpa` ignores `cu_seq_lens`, so packed sequences attend to each other | correct log-probs and gradients with `attn_impl: sdpa` | `install(packed_sdpa=False)`, or `attn_impl: flash_attention_2` |
 | `weight_push` | the rollout client polls for new weights once a second during a disk push | the push stops idling a second per step | `install(weight_push=False)` |
+| `pause_at_load` | a disk push pauses generation before the trainer saves the new weights, so the servers sit idle through the save | the servers pause only for the load; they go on with their rollouts while the folder is written | `install(pause_at_load=False)` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `install(fast_step=False)`; `TORCHDYNAMO_DISABLE=1` for compilation only |
 | `server_start` | a server that dies at start is waited for `setup_timeout` (300 s) | the wait ends when the server process does, naming it | `install(server_start=False)` |
 | `clean_exit` | single controller: a failed start leaves workers to a finalizer that hangs; SIGTERM skips clean-up | every exit stops the run's processes, without hanging; a clean-up that a SIGTERM leaves stuck ends after a grace period | `install(clean_exit=False)` |
@@ -36,6 +37,7 @@ from __future__ import annotations
 def install(
     packed_sdpa: bool = True,
     weight_push: bool = True,
+    pause_at_load: bool = True,
     fast_step: bool = True,
     server_start: bool = True,
     clean_exit: bool = True,
@@ -58,6 +60,7 @@ def install(
     from areal_patches import fast_step as fast_step_module
     from areal_patches import packed_sdpa as packed_sdpa_module
     from areal_patches import pass_at_k as pass_at_k_module
+    from areal_patches import pause_at_load as pause_at_load_module
     from areal_patches import port_draw as port_draw_module
     from areal_patches import progress_total as progress_total_module
     from areal_patches import rollout_shutdown as rollout_shutdown_module
@@ -72,6 +75,8 @@ def install(
         packed_sdpa_module.install()
     if weight_push:
         weight_push_module.install()
+    if pause_at_load:
+        pause_at_load_module.install()
     if fast_step:
         fast_step_module.install()
     if server_start:
