@@ -20,6 +20,7 @@ for them.
 | `port_draw` | ports are drawn from `random` after the trainer seeded it with `seed`: two runs with one seed on one machine take the same ports, and one talks to the other's workers until it hangs | ports drawn by a generator the OS seeds; `seed` still decides everything else | `install(port_draw=False)` |
 | `task_callback` | single controller: a rollout's completion callback that comes after its wait was cancelled (a run shutting down) sets a result on a cancelled future, and the event loop logs `InvalidStateError: invalid state` after "Training completes" | the callback skips a future that is no longer pending | `install(task_callback=False)` |
 | `rollout_shutdown` | single controller: `RolloutController.destroy` stops its callback server before its workers, so a rollout finishing meanwhile makes the worker log `ERROR: Callback to .../rollout_complete failed` (reset, refused or 500) | the server stops after the workers are deleted and answers a late callback 200, resolving nothing | `install(rollout_shutdown=False)` |
+| `callback_pool` | single controller: a rollout worker posts its completion callbacks from the 4-thread pool its weight load runs in, to a single-threaded server that a push keeps busy until that load ends; rollouts finishing during a push stall it until their posts time out (30 s), and are lost | the posts have a pool of their own; the load never waits behind them | `install(callback_pool=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 | `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
@@ -51,9 +52,11 @@ def install(
     port_draw: bool = True,
     task_callback: bool = True,
     rollout_shutdown: bool = True,
+    callback_pool: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
+    from areal_patches import callback_pool as callback_pool_module
     from areal_patches import clean_exit as clean_exit_module
     from areal_patches import data_seed as data_seed_module
     from areal_patches import entropy_bonus as entropy_bonus_module
@@ -103,3 +106,5 @@ def install(
         task_callback_module.install()
     if rollout_shutdown:
         rollout_shutdown_module.install()
+    if callback_pool:
+        callback_pool_module.install()

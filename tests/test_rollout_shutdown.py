@@ -5,7 +5,7 @@ down reports to a callback server that still answers, instead of logging
 AReaL's RolloutController runs with its real Flask callback server; what cannot run in a unit
 test is mocked: the dispatcher (its `destroy` closes the event loop the waits belong to, as
 the real one does) and the workers (`_collective_rpc("destroy")` is one worker that finishes
-a last rollout while it stops and posts its completion as `WorkflowExecutor._send_callback`
+a last rollout while it stops and posts its completion as `BatchTaskDispatcher._send_callback`
 does)."""
 
 from __future__ import annotations
