@@ -53,7 +53,9 @@ class PauseAtLoad:
 
 
 def _copy_outcome(source: Future, target: Future) -> None:
-    if source.exception() is not None:
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
         target.set_exception(source.exception())
     else:
         target.set_result(source.result())

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) dev_server\[\d+\] INFO "
 PAUSED = re.compile(STAMP + r"generation paused")
 CONTINUED = re.compile(STAMP + r"generation continued")
-BATCH = re.compile(STAMP + r"batch n=(\d+) .*?new_tokens=(\d+) .*?finish=(\S+)")
+BATCH = re.compile(STAMP + r"batch .*?new_tokens=(\d+) .*?finish=(\S+)")
 ANY = re.compile(STAMP)
 
 
@@ -53,8 +52,8 @@ def read_server_log(text: str) -> ServerLog:
             pauses.append((when(m.group(1)) - paused_at).total_seconds())
             paused_at = None
         elif m := BATCH.search(line):
-            tokens += int(m.group(3))
-            aborted += sum(int(n) for kind, n in (part.split(":") for part in m.group(4).split(",")) if kind == "abort")
+            tokens += int(m.group(2))
+            aborted += sum(int(n) for kind, n in (part.split(":") for part in m.group(3).split(",")) if kind == "abort")
     seconds = (stamps[-1] - stamps[0]).total_seconds() if stamps else 0.0
     return ServerLog(pauses, tokens, aborted, seconds)
 
@@ -87,4 +86,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
