@@ -8,10 +8,11 @@ in areal/infra/workflow_executor.py, 30 s timeout), run in the process's default
 single-threaded (`make_server(..., threaded=False)`), and during a push it is busy serving the
 trainer's "update weights" callback, which returns only when the workers have loaded. Rollouts
 that finish meanwhile fill the pool with posts that wait for that server, the load queues
-behind them, and nothing moves until the posts time out: the push stalls for their timeouts
-and those completions are lost, each logged as `ERROR: Callback to .../rollout_complete
-failed: ... Read timed out` (seen with a 1.5B-shaped model on a GPU: docs/results.md,
-"Generation paused for the load only").
+behind them, and nothing moves until the posts time out: the push stalls for their timeouts,
+and the worker logs each as `ERROR: Callback to .../rollout_complete failed: ... Read timed
+out`, though the server still answers those posts once it is free, so no completion is lost
+(seen with a 1.5B-shaped model on a GPU: docs/results.md, "Generation paused for the load
+only").
 
 Effect: the posts run in a pool of their own (`get_executor("rollout_callbacks")`: AReaL's own
 per-scope pools, which its docstring recommends against such deadlocks), so a load never
