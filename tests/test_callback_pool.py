@@ -19,7 +19,6 @@ from flask import Flask
 from werkzeug.serving import make_server
 from areal.infra.utils.concurrent import get_executor
 from areal.infra.workflow_executor import BatchTaskDispatcher
-from areal.utils.network import find_free_ports
 
 from areal_patches import callback_pool
 
@@ -43,10 +42,9 @@ def push_with_four_completions():
         served.append(1)
         return {"status": "ok"}
 
-    port = find_free_ports(1)[0]
-    server = make_server("127.0.0.1", port, app, threaded=False)
+    server = make_server("127.0.0.1", 0, app, threaded=False)  # port 0: the OS picks a free one
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{port}/callback"
+    base = f"http://127.0.0.1:{server.server_port}/callback"
     threading.Thread(target=requests.post, args=(f"{base}/update_weights_disk",), daemon=True).start()
     time.sleep(0.5)  # the push's callback is being served
     for task_id in range(4):
