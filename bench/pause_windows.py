@@ -7,7 +7,9 @@ continues (areal_patches/pause_at_load.py says when). The dev server logs each o
 every finished batch with its timestamp, so its log alone tells how long each push kept
 generation paused and how many tokens it generated over the run. A log is the dev server's
 own (`scripts/learning_run.py`'s `server.log`) or a run's `rollout.log` (lines may carry a
-`[rollout] ` prefix). Prints one Markdown row per log.
+`[rollout] ` prefix). A single controller's rollout log also holds the worker's lines, so the
+table counts its completion posts that timed out, the mark of the push stall that
+areal_patches/callback_pool.py fixes. Prints one Markdown row per log.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ PAUSED = re.compile(STAMP + r"generation paused")
 CONTINUED = re.compile(STAMP + r"generation continued")
 BATCH = re.compile(STAMP + r"batch .*?new_tokens=(\d+) .*?finish=(\S+)")
 ANY = re.compile(STAMP)
+CALLBACK_TIMED_OUT = re.compile(r"Callback to \S+ failed: .*Read timed out")
 
 
 @dataclass
@@ -32,6 +35,7 @@ class ServerLog:
     output_tokens: int
     aborted: int  # requests cut short by a pause or an abort (AReaL resubmits them)
     seconds: float  # from the first timestamped line to the last
+    callbacks_timed_out: int  # a worker's "Callback to ... failed: ... Read timed out" lines
 
 
 def when(stamp: str) -> datetime:
@@ -40,9 +44,10 @@ def when(stamp: str) -> datetime:
 
 def read_server_log(text: str) -> ServerLog:
     """The pause windows and the generation of one dev server log."""
-    pauses, tokens, aborted, stamps = [], 0, 0, []
+    pauses, tokens, aborted, stamps, timed_out = [], 0, 0, [], 0
     paused_at = None
     for line in text.splitlines():
+        timed_out += bool(CALLBACK_TIMED_OUT.search(line))
         if not (any_match := ANY.search(line)):
             continue
         stamps.append(when(any_match.group(1)))
@@ -55,20 +60,20 @@ def read_server_log(text: str) -> ServerLog:
             tokens += int(m.group(2))
             aborted += sum(int(n) for kind, n in (part.split(":") for part in m.group(3).split(",")) if kind == "abort")
     seconds = (stamps[-1] - stamps[0]).total_seconds() if stamps else 0.0
-    return ServerLog(pauses, tokens, aborted, seconds)
+    return ServerLog(pauses, tokens, aborted, seconds, timed_out)
 
 
 def table(logs: dict[str, ServerLog]) -> str:
     rows = [
-        "| run | pushes | paused per push, median (s) | max (s) | paused in all (s) | log span (s) | output tokens | tokens/s of span | requests aborted |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | pushes | paused per push, median (s) | max (s) | paused in all (s) | log span (s) | output tokens | tokens/s of span | requests aborted | callbacks timed out |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for label, log in logs.items():
         median = statistics.median(log.pauses) if log.pauses else 0.0
         peak = max(log.pauses, default=0.0)
         rate = log.output_tokens / log.seconds if log.seconds else 0.0
         rows.append(f"| {label} | {len(log.pauses)} | {median:.3f} | {peak:.3f} | {sum(log.pauses):.1f} | "
-                    f"{log.seconds:.0f} | {log.output_tokens:,} | {rate:,.0f} | {log.aborted:,} |")  # fmt: skip
+                    f"{log.seconds:.0f} | {log.output_tokens:,} | {rate:,.0f} | {log.aborted:,} | {log.callbacks_timed_out} |")  # fmt: skip
     return "\n".join(rows)
 
 

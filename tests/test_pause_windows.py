@@ -1,5 +1,6 @@
 """bench/pause_windows: the pause of each weight push and the tokens generated, read from a dev
-server log in the format its scheduler and handlers write (a run's rollout.log may prefix them)."""
+server log in the format its scheduler and handlers write (a run's rollout.log may prefix them),
+and the completion posts that timed out, from the rollout worker's lines in the same log."""
 
 import pytest
 
@@ -16,6 +17,8 @@ LOG = """\
 2026-12-01 20:50:44,660 dev_server[7] INFO generation paused (mode=abort, 0 running requests aborted, 0 queued held)
 2026-12-01 20:51:46,235 dev_server[7] INFO generation continued (0 queued)
 a line from another process
+[rollout] (AReaL) 20261201-20:51:14.661 [BatchTaskDispatcher] ERROR: Callback to http://10.0.0.1:5/callback/rollout_complete failed: HTTPConnectionPool(host='10.0.0.1', port=5): Read timed out. (read timeout=30.0)
+(AReaL) 20261201-20:51:50.000 [BatchTaskDispatcher] ERROR: Callback to http://10.0.0.1:5/callback/rollout_complete failed: ('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))
 """
 
 
@@ -24,13 +27,14 @@ def test_each_pause_is_measured_to_its_continue_and_generation_is_counted():
     assert log.pauses == pytest.approx([0.779, 61.575])  # a continue with no pause before it counts nothing
     assert (log.output_tokens, log.aborted) == (110, 2)
     assert log.seconds == pytest.approx(106.235)
+    assert log.callbacks_timed_out == 1  # the stall's mark; a reset at the end of a run is not
 
 
 def test_the_table_has_a_row_per_log_and_a_missing_file_is_refused(tmp_path, capsys):
     (tmp_path / "server.log").write_text(LOG)
     main([f"fix={tmp_path / 'server.log'}"])
     row = capsys.readouterr().out.splitlines()[-1]
-    assert row.startswith("| fix | 2 | 31.177 | 61.575 | 62.4 | 106 | 110 |")
+    assert row == "| fix | 2 | 31.177 | 61.575 | 62.4 | 106 | 110 | 1 | 2 | 1 |"
     with pytest.raises(SystemExit) as refused:
         main([f"fix={tmp_path / 'missing.log'}"])
     assert refused.value.code == 2
