@@ -43,7 +43,8 @@ def when(stamp: str) -> datetime:
 
 
 def read_server_log(text: str) -> ServerLog:
-    """The pause windows and the generation of one dev server log."""
+    """The pause windows and the generation of one dev server log, and the timed-out posts
+    of the rollout worker whose lines share it."""
     pauses, tokens, aborted, stamps, timed_out = [], 0, 0, [], 0
     paused_at = None
     for line in text.splitlines():
