@@ -56,7 +56,8 @@ DEFAULT_DATA = f"{countdown.DEFAULT_OUT_DIR}/{countdown.TEST_FILE}"
 FAILED_REQUEST = "failed_request"  # the verdict of a sample whose request never succeeded
 FAILURE_KINDS = [v.value for v in Verdict if v is not Verdict.CORRECT] + [FAILED_REQUEST]
 BACKOFF_S = 1.0  # wait before the first retry; doubled before each further one
-_NUMBER = r"\d{1,9}(?:/\d{1,9})?"  # as countdown.solution_steps writes them; bounded, so exact math stays cheap
+# a number as sft_formats.completions.solution_steps writes it; bounded, so exact math stays cheap
+_NUMBER = r"\d{1,9}(?:/\d{1,9})?"
 STEP_LINE = re.compile(rf"^({_NUMBER}) ([-+*/]) ({_NUMBER}) = ({_NUMBER})$", re.MULTILINE)
 
 

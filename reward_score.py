@@ -240,7 +240,7 @@ def evaluate(postfix: list[str], steps: list[Step] | None = None) -> int | Fract
     in plain ints (fast) and switches to Fraction only at an inexact division; the
     length cap bounds sizes. Each operation is appended to `steps` when it is given,
     so that a solution can be explained in the very arithmetic that scores it
-    (countdown.worked_out)."""
+    (sft_formats.completions.worked_out)."""
     stack: list[int | Fraction] = []
     for token in postfix:
         if token not in _PRECEDENCE:

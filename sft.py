@@ -2,8 +2,8 @@
 
 A model built from scratch (tools/make_tiny_model.py) cannot earn any reward, so GRPO would
 have nothing to reinforce. A short round of supervised fine-tuning on the stored solutions,
-written in the `<think>...</think><answer>...</answer>` format, gives it a non-zero success
-rate to start from (docs/results.md).
+written in the `<think>...</think><answer>...</answer>` format (sft_formats/completions.py),
+gives it a non-zero success rate to start from (docs/results.md).
 
     python3 sft.py --config configs/sft_warm_start.yaml  (AReaL's single controller, as train.py)
     torchrun --nproc-per-node 1 sft.py --config configs/sft_warm_start.yaml  (AREAL_SPMD_MODE=1)
@@ -36,6 +36,7 @@ import countdown
 import areal_patches
 from areal_patches import clean_exit, config_errors, ray_workers
 from launch import preflight
+from sft_formats.completions import failed_attempts, reference_completion, signs_completion
 from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig
 from areal.utils.hf_utils import load_hf_tokenizer
@@ -57,12 +58,12 @@ def sft_examples(
     With `retry_probability`, some completions show failed attempts before the solution.
     They are learned too: a model trained only on steps that end at the target learns to
     fake the last step's arithmetic rather than to check it (docs/results.md, the retry format).
-    With `columns`, + and - steps show their column arithmetic (countdown.column_work), and
-    with `numbers_left` each step is followed by the numbers left to use. With `signs`, the
-    reasoning finds a + and - solution by arithmetic (countdown.signs_completion), and the
-    other three options are ignored. A row with `completions` (the model's own correct
-    answers, from evaluate.py --solved-out) gives one example for each of them instead of
-    the reference: rejection-sampling fine-tuning.
+    With `columns`, + and - steps show their column arithmetic
+    (sft_formats.completions.column_work), and with `numbers_left` each step is followed by
+    the numbers left to use. With `signs`, the reasoning finds a + and - solution by
+    arithmetic (`signs_completion`), and the other three options are ignored. A row with
+    `completions` (the model's own correct answers, from evaluate.py --solved-out) gives one
+    example for each of them instead of the reference: rejection-sampling fine-tuning.
     """
     rng = random.Random(seed)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
@@ -83,9 +84,9 @@ def reference_text(
 ) -> str:
     """The completion written from the stored solution, in the format the options ask for."""
     if signs:
-        return countdown.signs_completion(row)
-    attempts = countdown.failed_attempts(row, failed_count(rng, retry_probability), rng)
-    return countdown.reference_completion(row, attempts, columns, numbers_left)
+        return signs_completion(row)
+    attempts = failed_attempts(row, failed_count(rng, retry_probability), rng)
+    return reference_completion(row, attempts, columns, numbers_left)
 
 
 def failed_count(rng: random.Random, retry_probability: float) -> int:
@@ -113,14 +114,16 @@ class WarmStartConfig(SFTConfig):
         metadata={"help": "chance that a reference reasoning shows one more failed attempt before the solution"},
     )
     column_work: bool = field(
-        default=False, metadata={"help": "show the column arithmetic of every + and - step (countdown.column_work)"}
+        default=False,
+        metadata={"help": "show the column arithmetic of every + and - step (sft_formats.completions.column_work)"},
     )
     numbers_left: bool = field(
-        default=False, metadata={"help": "follow every step with the numbers left to use (countdown.step_lines)"}
+        default=False,
+        metadata={"help": "follow every step with the numbers left to use (sft_formats.completions.step_lines)"},
     )
     signs: bool = field(
         default=False,
-        metadata={"help": "find a + and - solution by arithmetic (countdown.signs_completion); "
+        metadata={"help": "find a + and - solution by arithmetic (sft_formats.completions.signs_completion); "
                   "the three options above must stay off"},
     )  # fmt: skip
     deterministic: bool = field(

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 import countdown
 from conftest import alive, command_line
+from sft_formats.completions import reference_completion, signs_completion, solution_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "16",
@@ -102,7 +103,7 @@ def test_sft_from_a_model_on_its_own_solved_puzzles(tiny_model_dir, tmp_path):
     --solved-out's rows (here written by hand: the toy model solves nothing), each completion
     one example, instead of building a model and training on the reference solutions."""
     rows = countdown.generate_puzzles(64, seed=8)
-    solved = [{**row, "completions": [countdown.reference_completion(row), f"<think>again</think>\n<answer>"
+    solved = [{**row, "completions": [reference_completion(row), f"<think>again</think>\n<answer>"
                                       f"{row['solution']}</answer>"]} for row in rows]  # fmt: skip
     countdown.write_jsonl([(tmp_path / "solved.jsonl", solved)])
     work = tmp_path / "work"
@@ -127,7 +128,7 @@ def test_sft_examples_train_on_each_of_a_rows_own_completions(tiny_model_dir):
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in rows])
     examples = sft.sft_examples(tokenizer, rows)
     texts = [tokenizer.decode(e["input_ids"][len(p) : -1]) for e, p in zip(examples, [prompts[0], *prompts[1:2] * 2, prompts[2]])]
-    assert texts == [countdown.reference_completion(rows[0]), *rows[1]["completions"], countdown.reference_completion(rows[2])]
+    assert texts == [reference_completion(rows[0]), *rows[1]["completions"], reference_completion(rows[2])]
     assert all(e["input_ids"][-1] == tokenizer.eos_token_id for e in examples)
 
 
@@ -184,7 +185,7 @@ def test_sft_examples_show_failed_attempts_with_the_retry_probability(tiny_model
         ids, mask = example["input_ids"], example["loss_mask"]
         assert ids[: len(prompt)] == prompt and mask == [0] * len(prompt) + [1] * (len(ids) - len(prompt))
         completion = tokenizer.decode(ids[len(prompt) : -1])
-        assert ids[-1] == tokenizer.eos_token_id and countdown.reference_completion(row) == without_failures(completion)
+        assert ids[-1] == tokenizer.eos_token_id and reference_completion(row) == without_failures(completion)
         shown.append(completion.count("That makes"))
         assert (shown[-1] == 0) == (example == plain_example)
     # One more failure with probability 0.5, at most sft.MAX_FAILED_ATTEMPTS: 1/2, 1/4, 1/4.
@@ -202,9 +203,9 @@ def test_sft_examples_show_column_work_when_asked(tiny_model_dir):
     shown = 0
     for row, example, prompt in zip(rows, columns, prompts):
         completion = tokenizer.decode(example["input_ids"][len(prompt) : -1])
-        assert completion == countdown.reference_completion(row, columns=True)
+        assert completion == reference_completion(row, columns=True)
         assert sum(example["loss_mask"]) == len(example["input_ids"]) - len(prompt)  # the work is learned
-        shown += completion != countdown.reference_completion(row)
+        shown += completion != reference_completion(row)
     assert shown > 40  # all but the solutions made of * and / alone
 
 
@@ -218,8 +219,8 @@ def test_sft_examples_show_the_numbers_left_when_asked(tiny_model_dir):
     examples = sft.sft_examples(tokenizer, rows, columns=True, numbers_left=True)
     for row, example, prompt in zip(rows, examples, prompts):
         completion = tokenizer.decode(example["input_ids"][len(prompt) : -1])
-        assert completion == countdown.reference_completion(row, columns=True, numbers_left=True)
-        assert completion.count("\nLeft: ") == len(countdown.solution_steps(row["solution"])) - 1
+        assert completion == reference_completion(row, columns=True, numbers_left=True)
+        assert completion.count("\nLeft: ") == len(solution_steps(row["solution"])) - 1
 
 
 def test_sft_examples_find_the_signs_when_asked(tiny_model_dir):
@@ -234,7 +235,7 @@ def test_sft_examples_find_the_signs_when_asked(tiny_model_dir):
         ids, mask = example["input_ids"], example["loss_mask"]
         assert ids[: len(prompt)] == prompt and mask == [0] * len(prompt) + [1] * (len(ids) - len(prompt))
         assert ids[-1] == tokenizer.eos_token_id
-        assert tokenizer.decode(ids[len(prompt) : -1]) == countdown.signs_completion(row)
+        assert tokenizer.decode(ids[len(prompt) : -1]) == signs_completion(row)
 
 
 def without_failures(completion: str) -> str:

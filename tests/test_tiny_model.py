@@ -12,6 +12,7 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402
 
 import countdown  # noqa: E402
+from sft_formats.completions import reference_completion  # noqa: E402
 from tools import make_tiny_model as mtm  # noqa: E402
 
 
@@ -81,7 +82,7 @@ def test_round_trips_real_prompts_and_completions(tok):
         ids = countdown.prompt_token_ids(tok, row["messages"])
         text = tok.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=True)
         assert tok.decode(ids) == text
-        completion = countdown.reference_completion(row)
+        completion = reference_completion(row)
         assert tok.decode(tok.encode(completion, add_special_tokens=False)) == completion
 
 

@@ -9,7 +9,7 @@ the chat template embedded) that loads with ``AutoModelForCausalLM.from_pretrain
 
 Tokenizer: byte-level BPE (every string round-trips, there is no UNK token), digits split
 into single-digit pre-tokens, trained on a corpus of Countdown prompts and target-format
-completions generated with ``countdown.py``. Special tokens follow Qwen:
+completions generated with ``countdown.py`` and ``sft_formats``. Special tokens follow Qwen:
 ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos). The chat template is
 ChatML as in Qwen2.5, with a default system message when none is given.
 
@@ -156,12 +156,13 @@ Python, JSON, HTTP, tokens, models, training, rewards, rollouts, gradients, poli
 def build_corpus(n_puzzles: int = CORPUS_PUZZLES, seed: int = CORPUS_SEED) -> list[str]:
     """Countdown chat transcripts (prompt + reference completion) rendered with ChatML."""
     import countdown
+    from sft_formats.completions import reference_completion
 
     rows = countdown.generate_puzzles(n_puzzles, seed=seed)
     texts = []
     for row in rows:
         messages = list(row["messages"]) + [
-            {"role": "assistant", "content": countdown.reference_completion(row)}
+            {"role": "assistant", "content": reference_completion(row)}
         ]
         texts.append(_render_chatml(messages))
     texts.extend(_EXTRA_TEXT)

@@ -1,0 +1,1 @@
+"""The reasoning formats of the SFT warm start (sft.py): `completions`."""
