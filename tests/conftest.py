@@ -30,6 +30,14 @@ def ray_workers_without_fixes(log: str) -> tuple[set[str], set[str]]:
     return workers, workers - fixed
 
 
+def heavy_imports(modules: str, heavy: set[str]) -> list[str]:
+    """Which of the `heavy` top-level packages importing `modules` (as in an import
+    statement: "a, b.c") pulls in, in a fresh interpreter."""
+    code = f"import json, sys, {modules}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(heavy)!r}))))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def alive(pid: int) -> bool:
     """True while pid exists and is not a zombie (dead, only not yet reaped by its parent)."""
     try:

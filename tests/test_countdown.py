@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import countdown
+from conftest import heavy_imports
 from countdown import DataError, generate_puzzles, load_puzzles, make_messages, make_row, puzzle_key, solve
 from reward_score import compute_score
 
@@ -44,10 +45,8 @@ def test_the_data_the_reward_and_the_sft_formats_import_no_areal_or_torch():
     """countdown.py, reward_score.py and sft_formats run where AReaL is not installed (the
     reward inside any RL stack, the data on any machine), so they import the standard library
     only; a fresh interpreter shows what importing them pulls in."""
-    probe = ("import sys, countdown, reward_score, sft_formats.completions; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'areal', 'torch', 'transformers', 'datasets'}))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    heavy = {"areal", "torch", "transformers", "datasets"}
+    assert heavy_imports("countdown, reward_score, sft_formats.completions", heavy) == []
 
 
 # -----------------------------------------------------------------------------

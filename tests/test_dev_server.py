@@ -16,7 +16,7 @@ pytest.importorskip("aiohttp")
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import countdown  # noqa: E402
-from conftest import alive  # noqa: E402
+from conftest import alive, heavy_imports  # noqa: E402
 from dev_server import client  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
@@ -332,9 +332,7 @@ def test_serve_leaves_no_process_when_body_raises(tiny_model_dir, tmp_path):
 
 def test_the_client_imports_no_torch():
     """Scripts, launchers and evaluate.py start servers through it without paying for torch."""
-    code = "import sys, dev_server.client; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert heavy_imports("dev_server.client", {"torch", "transformers"}) == []
 
 
 def test_server_exits_when_its_parent_is_killed(tiny_model_dir):
