@@ -17,7 +17,7 @@ Modules, by role:
 
 - `protocol`: SGLang's wire format (a /generate payload parsed and checked, the response built).
 - `engine`: the transformers model and the batched sampler; `static_decode`: its CUDA-graph
-  decoder for Qwen2 on a GPU.
+  decoder for Qwen2 and Llama on a GPU.
 - `scheduler`: the request queue and the worker thread that batches it (pause, abort, weight swap).
 - `app`: the aiohttp handlers and the serving loop; `__main__`: the server process and its flags.
 - `client`: start, stop and call a server from scripts and tests (imports no torch).
@@ -26,7 +26,7 @@ Modules, by role:
 
 Speed: on CPU it uses one torch thread unless ``--threads`` says otherwise (tiny models
 get slower with more threads, and much slower when the cores are shared). On a GPU,
-Qwen2 models decode through dev_server/static_decode.py (a preallocated KV cache, each decode
+Qwen2 and Llama models decode through dev_server/static_decode.py (a preallocated KV cache, each decode
 step replayed as one CUDA graph); other models, and ``--decoder hf``, through transformers'
 own forward, which is bound by Python and kernel launches; both give the same greedy
 completions (bench/gpu/decode.py; its table is in docs/results.md, attempt 5).

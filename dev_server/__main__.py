@@ -38,7 +38,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    "ends earlier once no new request arrived for 20 ms)")
     p.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
                    help="hf: transformers' forward and KV cache, every step launched from "
-                   "Python; static: dev_server/static_decode.py (Qwen2 only; preallocated KV cache, "
+                   "Python; static: dev_server/static_decode.py (Qwen2 and Llama; preallocated KV cache, "
                    "CUDA graphs on a GPU); auto (default): static on a GPU when the model "
                    "allows it, else hf")
     p.add_argument("--static-max-len", type=int, default=1024,

@@ -2,7 +2,7 @@
 
 `Engine.generate_batch` runs one static batch of requests to completion (or abort) and
 returns one result per request, ``{"output_ids", "logprobs", "finish_reason",
-"input_logprobs"}``. Forward passes go through `dev_server/static_decode.py` (Qwen2 on a
+"input_logprobs"}``. Forward passes go through `dev_server/static_decode.py` (Qwen2 and Llama on a
 GPU) or transformers' own KV cache (`HFBatch`); sampling, log-probs and stop rules are
 here (see the package docstring for what they mean).
 """

@@ -1,4 +1,4 @@
-"""Qwen2 decoding from a preallocated KV cache, replayed as CUDA graphs on a GPU.
+"""Qwen2 and Llama decoding from a preallocated KV cache, replayed as CUDA graphs on a GPU.
 
 Why: the dev server decodes a small model one token per step through transformers'
 eager forward. On a GPU with the 25M learning-run model a step costs about the same
@@ -8,7 +8,10 @@ with one launch; for that every tensor must keep its shape and address, so the K
 is one preallocated buffer and a step's inputs are copied into fixed tensors.
 
 The layers' own modules do the work (RMSNorm, projections, rotary embedding, MLP of the
-transformers model); only the attention over the preallocated cache is written here.
+transformers model); only the attention over the preallocated cache is written here. Qwen2
+and Llama share that layout (Qwen2's q/k/v biases live inside its projections), so both are
+served; an architecture that changes the attention itself (Qwen3's q/k norms, sliding
+windows) is refused and decodes through transformers instead.
 On CPU (or with ``graphs=False``) the same code runs eagerly, which is how the tests
 compare it with transformers' own decoding.
 
@@ -35,10 +38,14 @@ logger = logging.getLogger("dev_server")
 SLOT_ROUNDING = 128
 
 
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
 def unsupported_reason(config) -> str | None:
     """Why this model cannot use the static decoder (None: it can)."""
-    if getattr(config, "model_type", None) != "qwen2":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not qwen2"
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
     if getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):

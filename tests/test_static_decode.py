@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig  # noqa: E402
 
 import countdown  # noqa: E402
 from dev_server import static_decode  # noqa: E402
@@ -111,8 +111,9 @@ def test_incompatible_weights_are_refused(engines, tmp_path):
         static.check_compatible(model)
 
 
-def test_only_qwen2_full_attention_is_supported(tiny_model_dir):
-    assert static_decode.unsupported_reason(LlamaConfig()) is not None
+def test_only_qwen2_and_llama_full_attention_are_supported(tiny_model_dir):
+    assert static_decode.unsupported_reason(LlamaConfig()) is None
+    assert "qwen3" in static_decode.unsupported_reason(AutoConfig.for_model("qwen3"))  # q/k norms: not served
     config = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config
     assert static_decode.unsupported_reason(config) is None
     config.use_sliding_window = True
