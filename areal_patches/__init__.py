@@ -5,6 +5,7 @@ for them.
 | module | upstream behaviour | effect | off |
 |---|---|---|---|
 | `packed_sdpa` | transformers' `sdpa` ignores `cu_seq_lens`, so packed sequences attend to each other | correct log-probs and gradients with `attn_impl: sdpa` | `install(packed_sdpa=False)`, or `attn_impl: flash_attention_2` |
+| `mask_mapping` | packed micro-batches reach the model with a mask per attention type, which transformers' Llama decoder cannot read: Llama models fail at their first training step | Llama trains, its packed attention as Qwen2's | `install(mask_mapping=False)` |
 | `weight_push` | the rollout client polls for new weights once a second during a disk push | the push stops idling a second per step | `install(weight_push=False)` |
 | `pause_at_load` | a disk push pauses generation before the trainer saves the new weights, so the servers sit idle through the save | the servers pause only for the load; they go on with their rollouts while the folder is written | `install(pause_at_load=False)` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `install(fast_step=False)`; `TORCHDYNAMO_DISABLE=1` for compilation only |
@@ -53,6 +54,7 @@ def install(
     task_callback: bool = True,
     rollout_shutdown: bool = True,
     callback_pool: bool = True,
+    mask_mapping: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
@@ -61,6 +63,7 @@ def install(
     from areal_patches import data_seed as data_seed_module
     from areal_patches import entropy_bonus as entropy_bonus_module
     from areal_patches import fast_step as fast_step_module
+    from areal_patches import mask_mapping as mask_mapping_module
     from areal_patches import packed_sdpa as packed_sdpa_module
     from areal_patches import pass_at_k as pass_at_k_module
     from areal_patches import pause_at_load as pause_at_load_module
@@ -76,6 +79,8 @@ def install(
 
     if packed_sdpa:
         packed_sdpa_module.install()
+    if mask_mapping:
+        mask_mapping_module.install()
     if weight_push:
         weight_push_module.install()
     if pause_at_load:

@@ -1,0 +1,49 @@
+"""Let Llama models train on AReaL's packed micro-batches.
+
+Upstream behaviour (areal 1.0.4, `FSDPEngine._prepare_mb_list`): a packed micro-batch reaches
+the model with `attention_mask={"full_attention": None, "sliding_attention": None}`, a mask per
+attention type, for every model but Qwen3-MoE, Qwen3-VL and Qwen3.5. Qwen2's decoder takes such
+a mapping and hands each layer its entry; transformers' Llama decoder passes it on to
+`create_causal_mask`, which fails on the first forward with
+`AttributeError: 'dict' object has no attribute 'ndim'`. So `sft.py` and `train.py` stop at
+their first step on any Llama model (SmolLM2 among them). Upstream status: unchanged on AReaL's
+main as read for this project; not reported yet (docs/areal-bugs.md).
+
+The fix: in transformers' Llama module, `create_causal_mask` given such a mapping returns its
+`full_attention` entry, as Qwen2's decoder does. `None` there means what it means for Qwen2:
+the attention reads the sequences' bounds from `cu_seq_lens_q` (areal_patches/packed_sdpa.py
+for sdpa, the varlen kernel for flash-attention). Any other mask goes to the original function.
+
+Effect: Llama trains; Qwen2 and every mask that is not a mapping are untouched
+(tests/test_smollm2.py checks a packed batch's log-probs against unpacked forwards). Off:
+`install(mask_mapping=False)`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+MODEL_MODULES = ("transformers.models.llama.modeling_llama",)
+
+
+def takes_a_mapping(create_causal_mask):
+    """`create_causal_mask` that answers a per-attention-type mapping with its full-attention mask."""
+
+    @functools.wraps(create_causal_mask)
+    def wrapper(*args, **kwargs):
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, dict):
+            return mask["full_attention"]
+        return create_causal_mask(*args, **kwargs)
+
+    wrapper.takes_a_mapping = True
+    return wrapper
+
+
+def install() -> None:
+    import importlib
+
+    for name in MODEL_MODULES:
+        module = importlib.import_module(name)
+        if not getattr(module.create_causal_mask, "takes_a_mapping", False):
+            module.create_causal_mask = takes_a_mapping(module.create_causal_mask)
