@@ -316,7 +316,7 @@ def model_summary(model: Path) -> str:
     """The served model's shape, read from its config: the grpo phase's --preset is unused
     (the model is --init's), so it cannot say which preset was trained."""
     config = json.loads((model / "config.json").read_text())
-    return (f"Qwen2 architecture, {config['num_hidden_layers']} layers of {config['hidden_size']} "
+    return (f"{config['architectures'][0]}, {config['num_hidden_layers']} layers of {config['hidden_size']} "
             f"(MLP {config['intermediate_size']})")
 
 

