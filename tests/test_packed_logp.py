@@ -1,4 +1,5 @@
-"""AReaL's FSDP actor with sdpa on packed micro-batches, against unpacked Hugging Face forwards.
+"""AReaL's FSDP actor with sdpa on packed micro-batches, against unpacked Hugging Face forwards
+(a tiny Qwen2 here; SmolLM2's Llama in tests/test_smollm2.py).
 
 Runs as its own process (the `single_rank` fixture): the actor initialises torch.distributed
 (gloo, CPU) for its process.
@@ -15,11 +16,12 @@ from areal.api.alloc_mode import ModelAllocation
 from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, PPOActorConfig
 from areal.engine import FSDPPPOActor
 from areal.utils.data import concat_batch
-from areal_patches import packed_sdpa
+from areal_patches import mask_mapping, packed_sdpa
 
 model_path, with_fix = sys.argv[2], sys.argv[3] == "fix"
 if with_fix:
     packed_sdpa.install()
+    mask_mapping.install()  # Llama's decoder takes no per-attention-type mask; Qwen2's does
 config = PPOActorConfig(
     experiment_name="test", trial_name="test", path=model_path, attn_impl="sdpa",
     dtype="float32", backend="fsdp:d1", mb_spec=MicroBatchSpec(max_tokens_per_mb=4096),
@@ -48,7 +50,7 @@ cu_ends_at_row_length = [
 ]
 actor.destroy()
 
-hf = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="eager").eval()
+hf = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="eager", dtype=torch.float32).eval()
 errors = []
 for item, logp in zip(batch, packed):
     ids = item["input_ids"]
