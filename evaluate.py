@@ -127,7 +127,7 @@ def worked_steps(completion: str) -> tuple[int, int]:
 
     Why: a small model can learn to write steps that land on the target with sums that
     are wrong; pass@1 does not tell whether its reasoning computes or only looks as if it
-    did (docs/results.md, the retry format).
+    did (docs/results/goal-65.md, the retry format).
     """
     right = written = 0
     for a, op, b, value in STEP_LINE.findall(completion.split("</think>", 1)[0]):

@@ -5,7 +5,7 @@ arithmetic expression that uses exactly the puzzle's numbers and equals the targ
 `format_score` (0.1) when it has an answer block that is not a correct solution, and
 0.0 when it has no answer block at all.
 
-Rules (the README's "Reward rules" section says the same):
+Rules (docs/task.md, "Reward", says the same):
 
 - The answer is the block opened by the last `<answer>` tag that has a `</answer>`
   after it; its content ends at the first `</answer>` after that tag. It may span

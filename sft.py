@@ -3,7 +3,7 @@
 A model built from scratch (tools/make_tiny_model.py) cannot earn any reward, so GRPO would
 have nothing to reinforce. A short round of supervised fine-tuning on the stored solutions,
 written in the `<think>...</think><answer>...</answer>` format (sft_formats/completions.py),
-gives it a non-zero success rate to start from (docs/results.md).
+gives it a non-zero success rate to start from (docs/results/learning.md).
 
     python3 sft.py --config configs/sft_warm_start.yaml  (AReaL's single controller, as train.py)
     torchrun --nproc-per-node 1 sft.py --config configs/sft_warm_start.yaml  (AREAL_SPMD_MODE=1)
@@ -11,7 +11,7 @@ gives it a non-zero success rate to start from (docs/results.md).
 Several examples share one row (`examples_per_row`), so a batch of B rows trains on
 B * examples_per_row examples. Why: AReaL's SPMD trainer moves every row to the GPU and
 broadcasts it as separate tensors, a cost per row that on the GPU machine outweighed the
-whole update of a 25M model on 512 short rows (docs/results.md). Attention inside a row is
+whole update of a 25M model on 512 short rows (docs/results/learning.md). Attention inside a row is
 causal across its examples (no cross-example masking), as in naive SFT packing: each
 example still sees its own full prompt, and the first example of every row sees nothing
 else, as at inference.
@@ -57,7 +57,7 @@ def sft_examples(
 
     With `retry_probability`, some completions show failed attempts before the solution.
     They are learned too: a model trained only on steps that end at the target learns to
-    fake the last step's arithmetic rather than to check it (docs/results.md, the retry format).
+    fake the last step's arithmetic rather than to check it (docs/results/goal-65.md, the retry format).
     With `columns`, + and - steps show their column arithmetic
     (sft_formats.completions.column_work), and with `numbers_left` each step is followed by
     the numbers left to use. With `signs`, the reasoning finds a + and - solution by
@@ -140,7 +140,7 @@ def use_deterministic_kernels() -> None:
     still drift apart on a GPU, because some kernels (flash attention's backward among them)
     add with atomics, in whatever order their threads finish. The drift can move the step
     where the loss leaves its early plateau, and with it the warm start's accuracy
-    (docs/results.md, "Reproducibility of the warm start"). Not warn_only: PyTorch's flash
+    (docs/results/learning.md, "Reproducibility of the warm start"). Not warn_only: PyTorch's flash
     attention takes its deterministic backward only then, and an op that has no deterministic
     version stops the run with its name instead of drifting quietly. cuBLAS needs the fixed
     workspace for the same guarantee.

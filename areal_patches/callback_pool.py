@@ -11,7 +11,7 @@ that finish meanwhile fill the pool with posts that wait for that server, the lo
 behind them, and nothing moves until the posts time out: the push stalls for their timeouts,
 and the worker logs each as `ERROR: Callback to .../rollout_complete failed: ... Read timed
 out`, though the server still answers those posts once it is free, so no completion is lost
-(seen with a 1.5B-shaped model on a GPU: docs/results.md, "Generation paused for the load
+(seen with a 1.5B-shaped model on a GPU: docs/results/areal-fixes.md, "Generation paused for the load
 only").
 
 Effect: the posts run in a pool of their own (`get_executor("rollout_callbacks")`: AReaL's own

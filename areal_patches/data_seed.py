@@ -8,7 +8,7 @@ again, apart from timing.
 
 Effect: the samplers of PPOTrainer and SFTTrainer shuffle with `config.seed`; `seed: 0`
 gives AReaL's order. A run recovered with the same `seed` replays the same order. Measured
-with train.py on CPU (docs/results.md, "What seed meant"): before, seeds 1 and 2 drew the same
+with train.py on CPU (docs/results/areal-fixes.md, "What seed meant"): before, seeds 1 and 2 drew the same
 puzzles at each step; after, they draw different ones, and a seed repeats its own.
 
 Off: `areal_patches.install(data_seed=False)`.

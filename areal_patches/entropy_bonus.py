@@ -3,12 +3,12 @@
 Upstream behaviour (areal 1.0.4): `grpo_loss_fn` receives each scored token's entropy but
 detaches it and only logs it (`ppo_actor/update/entropy`); AReaL has no entropy term. Here
 GRPO narrows the policy: the logged entropy falls through both training calls, and the
-rarely sampled * and / answers are lost (docs/results.md, "what GRPO does to pass@k").
+rarely sampled * and / answers are lost (docs/results/goal-65.md, "what GRPO does to pass@k").
 
 Effect, with `actor.entropy_coef: c`: the loss of each micro-batch becomes AReaL's loss less
 c times the mean entropy of its loss-masked tokens, the same token mean as the policy loss,
 so the gradient also pushes each next-token distribution to stay wide (the entropy bonus of
-PPO, Schulman et al. 2017). The measured effect: docs/results.md ("An entropy bonus").
+PPO, Schulman et al. 2017). The measured effect: docs/results/goal-65.md ("An entropy bonus").
 
 Off: `actor.entropy_coef: 0` (train_config.yaml ships it) leaves AReaL's loss untouched;
 `areal_patches.install(entropy_bonus=False)` removes the option.

@@ -2,7 +2,7 @@
 
 Why this module exists: bench/gpu/train_step.py --profile charges every kernel of a GRPO step
 of the FSDPPPOActor, and every gap in which the GPU waited, to the part of AReaL's step that
-launched it. Seven costs there were not the model's own work (docs/results.md section 2):
+launched it. Seven costs there were not the model's own work (docs/results/throughput.md):
 
 - **Unfused element-wise work.** Transformers' Qwen2 runs RMSNorm (in float32), SwiGLU, the
   rotary embedding and the residual additions as chains of small kernels, each reading and
@@ -27,7 +27,7 @@ launched it. Seven costs there were not the model's own work (docs/results.md se
   for every micro-batch of compute_logp. Each pass now keeps them until it ends, holding
   2 bytes per parameter more while it runs.
 
-What each change measured, and all of them together against AReaL's step: docs/results.md
+What each change measured, against AReaL's step: docs/results/throughput.md and the notebook's
 section 2 ("What changed, and what each change measured", and the sessions' sections above
 it). The replacements give AReaL's results bit for bit, but for the last digits of the
 gradient norm, of the advantages when the reward has a KL penalty (kl_ctl > 0), and the
@@ -37,7 +37,7 @@ vocabulary min/max statistics, which now average over the loss-masked positions
 One more change trades memory for time. With gradient checkpointing on, every layer's
 forward runs again in the backward; the last N layers (`actor.layers_not_checkpointed` in
 train_config.yaml, 0 turns it off) keep their activations instead, for a faster step
-at the cost of each such layer's activation memory (docs/results.md, "Sixth session").
+at the cost of each such layer's activation memory (docs/results/throughput.md, "Sixth session").
 
 `install()` applies all eight in this process, through `areal_patches.install()`: train.py's
 `main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in AReaL's RPC workers.
@@ -302,7 +302,7 @@ def keep_activations(model: torch.nn.Module, n_layers: int) -> None:
     Checkpointing every layer recomputes the whole forward pass in the backward, one forward
     in five of a GRPO step (log-probs, then forward and backward of the update). A layer
     that keeps its activations skips its recomputation and holds them until its backward
-    (the memory per layer: docs/results.md, "Sixth session"). Call after AReaL has enabled
+    (the memory per layer: docs/results/throughput.md, "Sixth session"). Call after AReaL has enabled
     checkpointing; the others stay checkpointed.
     """
     layers = model.get_decoder().layers

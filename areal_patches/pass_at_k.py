@@ -3,7 +3,7 @@
 Upstream behaviour (areal 1.0.4): `PPOActor` normalises each group's rewards by their mean
 and std (`actor.reward_norm`). That pushes every puzzle's share of right samples towards 1:
 greedy pass@1 rises, and the rarer right answers are sampled less and less. Measured here,
-pass@32 of the test puzzles falls over two GRPO calls while pass@1 rises (docs/results.md,
+pass@32 of the test puzzles falls over two GRPO calls while pass@1 rises (docs/results/goal-65.md,
 "what GRPO does to pass@k").
 
 Effect, with `actor.pass_at_k: k`: each completion's advantage is the analytic pass@k
@@ -15,7 +15,7 @@ completions get (1 - mean) / std, wrong ones less, and a group with at most k - 
 completions gets none: puzzles the policy already solves often stop pulling, the rarely solved
 ones pull harder. A completion counts as right when its reward is compute_score's full score;
 the format score does not count. k = 1 is GRPO on right/wrong with the population std.
-The measured effect: docs/results.md ("Pass@k advantages").
+The measured effect: docs/results/goal-65.md ("Pass@k advantages").
 
 Off: `actor.pass_at_k: 1` (train_config.yaml ships it) keeps AReaL's `reward_norm`;
 `areal_patches.install(pass_at_k=False)` removes the option.

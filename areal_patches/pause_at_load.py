@@ -6,7 +6,7 @@ request waits for the trainer's "weights saved" record), then saves the Hugging 
 (every rank), writes the record, waits for the load and continues generation. So the servers
 sit paused for the whole save, though they keep the old weights until they load the new ones.
 For a small model that is a fraction of a second; for Qwen2.5-1.5B's size the save is most
-of a push of several seconds a step (docs/results.md, "Several GPUs of one host"), time in
+of a push of several seconds a step (docs/results/launch-paths.md, "Several GPUs of one host"), time in
 which no rollout advances.
 
 Effect: the push runs as upstream, in its order, but for one thing: the pause and the load
@@ -14,7 +14,7 @@ request are put off until the save has ended. The servers finish or advance thei
 rollouts with the weights they hold meanwhile; every token is still tagged with the version
 that produced it, and the load, the versions and the continue are upstream's. The save stays
 on the trainer's clock (`timeperf/update_weights`); what changes is how long the servers are
-paused, which their own logs show (docs/results.md, "Generation paused for the load only").
+paused, which their own logs show (docs/results/areal-fixes.md, "Generation paused for the load only").
 
 Off: `areal_patches.install(pause_at_load=False)`.
 """

@@ -11,7 +11,7 @@ goes on talking to the other run's processes until it hangs.
 Effect: the draw uses a generator of its own, seeded by the operating system, so concurrent
 runs pick different ports whatever their seed. Nothing else that uses `random` changes: the
 seed still decides the data order, the sampling and the initial weights. Measured with two
-demos started together on CPU (docs/results.md, "Two runs with one seed on one
+demos started together on CPU (docs/results/areal-fixes.md, "Two runs with one seed on one
 machine").
 
 Off: `areal_patches.install(port_draw=False)`.

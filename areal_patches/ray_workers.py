@@ -10,8 +10,8 @@ on AReaL's code as released: packed sequences attend to each other under `sdpa`,
 Effect: `install` connects the controller to Ray before AReaL does, with Ray's
 `worker_process_setup_hook`, which runs `setup_worker` in every worker process of the job
 before any actor starts in it: each training and rollout worker installs the fixes, as
-under the other schedulers, and says so in one line on the run's log. docs/results.md
-("scheduler.type=ray") has what it changes in a run. The hook imports this package, so the
+under the other schedulers, and says so in one line on the run's log. docs/results/areal-fixes.md
+has what it changes in a run. The hook imports this package, so the
 project must be importable on every node of the cluster (`pip install -e .`), as the worker
 command needs it to be under the other schedulers.
 

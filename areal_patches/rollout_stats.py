@@ -12,7 +12,7 @@ step.
 Effect: where both exports have a scalar with its `__count`, the step logs the average over
 both sets of episodes. Keys without counts (the single controller's rollout export, which
 runs in other processes and never overlaps) keep AReaL's `update`. What the GPU curves
-showed, and a CPU check where the overlap did not occur: docs/results.md ("A step's rollout
+showed, and a CPU check where the overlap did not occur: docs/results/areal-fixes.md ("A step's rollout
 scalars").
 
 Off: `areal_patches.install(rollout_stats=False)`.

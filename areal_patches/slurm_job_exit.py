@@ -11,7 +11,7 @@ CANCELLED jobs, so it waits out its whole start-up timeout (300 s) and then says
 Effect: each job script sets bash's `pipefail` option, so the job ends with srun's status:
 Slurm marks it FAILED, and AReaL's own status check ends the wait within seconds with
 `WorkerFailedError: Job <id> FAILED`, followed by the last lines of the role's log.
-docs/results.md ("The single controller on Slurm") has the measurement.
+docs/results/areal-fixes.md ("The single controller on Slurm") has the measurement.
 
 Off: `install(slurm_job_exit=False)`.
 """

@@ -7,7 +7,7 @@ when the servers have loaded it. The wait checks for the record, finds it missin
 has only just begun), then sleeps its default `poll_frequency` of one second before looking
 again. So every step spends about a second with the GPU idle and generation paused, whatever
 the save took. That is noise for a 3B model, whose save takes seconds, but it was 0.9 s of a
-4.5 s step for the 25M model of docs/results.md and most of the CPU demo's push.
+4.5 s step for the 25M model of docs/results/learning.md and most of the CPU demo's push.
 
 `install()` makes waits that do not choose their own polling interval (in areal 1.0.4 that is
 only this one) poll every 20 ms. `areal_patches.install()` applies it: train.py's

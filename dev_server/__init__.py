@@ -29,7 +29,7 @@ get slower with more threads, and much slower when the cores are shared). On a G
 Qwen2 and Llama models decode through dev_server/static_decode.py (a preallocated KV cache, each decode
 step replayed as one CUDA graph); other models, and ``--decoder hf``, through transformers'
 own forward, which is bound by Python and kernel launches; both give the same greedy
-completions (bench/gpu/decode.py; its table is in docs/results.md, attempt 5).
+completions (bench/gpu/decode.py; its table is in docs/results/throughput.md, attempt 5).
 
 Endpoints (the ones ``RemoteSGLangEngine`` calls, plus a few SGLang probes):
   GET  /health, /health_generate, /get_model_info, /get_server_info,

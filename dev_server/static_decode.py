@@ -2,7 +2,7 @@
 
 Why: the dev server decodes a small model one token per step through transformers'
 eager forward. On a GPU with the 25M learning-run model a step costs about the same
-whatever the batch size (docs/results.md, attempts 4 and 5): hundreds of tiny kernel launches
+whatever the batch size (docs/results/throughput.md, attempts 4 and 5): hundreds of tiny kernel launches
 and Python between them, not arithmetic. A CUDA graph replays the whole step's kernels
 with one launch; for that every tensor must keep its shape and address, so the KV cache
 is one preallocated buffer and a step's inputs are copied into fixed tensors.

@@ -260,7 +260,7 @@ def run_sft(fileroot: Path, overrides: list[str], log_path: Path) -> Path:
     return latest_checkpoint(fileroot, "countdown-sft")
 
 
-OWN_MESSAGES = ("train.py: ", "sft.py: ")  # the commands' one-line errors (README, "Exit codes")
+OWN_MESSAGES = ("train.py: ", "sft.py: ")  # the commands' one-line errors (docs/exit-codes.md)
 PROGRESS = re.compile(
     r"Train step \d+/\d+ done|Recovering from|Traceback|Error|dev server in place|dev_server\[\d+\] INFO serving on|"
     + "|".join("^" + re.escape(prefix) for prefix in OWN_MESSAGES)

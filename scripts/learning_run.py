@@ -1,4 +1,4 @@
-"""The learning experiment of docs/results.md, one phase per command.
+"""The learning experiment of docs/results/learning.md, one phase per command.
 
     python3 -m scripts.learning_run sft  --work runs/learn --out OUT    # data, model, warm start
     python3 -m scripts.learning_run grpo --work runs/learn --out OUT    # eval, GRPO, eval
@@ -119,7 +119,7 @@ def sft_phase(args: argparse.Namespace) -> None:
 def grpo_overrides(args: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
     """train_config.yaml shrunk to one GPU shared by the actor and the dev server.
 
-    Tuned for learning per call (docs/results.md, attempts 4 and 5): groups whose samples
+    Tuned for learning per call (docs/results/learning.md, attempts 4 and 5): groups whose samples
     all score the same are skipped (train.py's skip_uniform_groups; off with
     --no-skip-uniform-groups, needed when the model solves nothing), the proximal log-probs are
     interpolated (no extra forward pass), two steps' rollouts may be in flight (shorter
@@ -380,7 +380,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--sft-retry", type=float, default=0.0,
                         help="sft: chance of one more failed attempt before a reference solution "
-                        "(sft.py's retry_probability; the retry format of docs/results.md)")
+                        "(sft.py's retry_probability; the retry format of docs/results/goal-65.md)")
     parser.add_argument("--sft-columns", action="store_true",
                         help="sft: + and - steps show their column arithmetic (sft.py's column_work)")
     parser.add_argument("--sft-left", action="store_true",

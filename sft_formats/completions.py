@@ -3,7 +3,7 @@ stored solution in the target format: the reasoning in <think>, then <answer>.
 
 Each step is worked out by the reward's own parser and evaluator (`worked_out`), so the
 reasoning shown is the arithmetic that scores it. The formats, each measured in
-docs/results.md:
+docs/results/goal-65.md:
 
 - direct (`reference_completion`): the solution's steps, one line each.
 - retry (`failed` attempts from `failed_attempts`): wrong expressions worked out first, each
@@ -40,14 +40,14 @@ def reference_completion(
 
     `failed` expressions are worked out first, each rejected by a line that checks its
     value against the target ("That makes 330, not 65."), the retry format: a model that
-    checks and tries again turns several guesses into one answer (docs/results.md).
+    checks and tries again turns several guesses into one answer (docs/results/goal-65.md).
     With `columns`, each + and - step is preceded by its column arithmetic
     (`column_work`): a small model that writes `a op b = v` in one go guesses v
-    (docs/results.md, exact steps), and a check against the target is only worth as much
+    (docs/results/goal-65.md, exact steps), and a check against the target is only worth as much
     as the value it checks.
     With `numbers_left`, each step but an attempt's last is followed by the numbers still to
     use ("Left: 90, 12"), the state of the search: a model that computes its steps but
-    does not track them reuses, drops or invents numbers (docs/results.md, steps that compute).
+    does not track them reuses, drops or invents numbers (docs/results/goal-65.md, steps that compute).
     """
     target = row["target"]
     lines = [f"I need to make {target} from {', '.join(map(str, row['nums']))}, using each number once."]
@@ -67,7 +67,7 @@ def signs_completion(row: dict) -> str:
     the sum of all the numbers minus twice the ones subtracted: those add up to
     (sum - target) / 2. The reasoning adds all the numbers, takes away the target, halves
     the difference and looks for numbers that add up to the half, every sum in column
-    arithmetic (`column_work`). Most puzzles have such a solution (docs/results.md); for
+    arithmetic (`column_work`). Most puzzles have such a solution (docs/results/goal-65.md); for
     the others it says so and works through the stored solution, which then needs * or /.
     """
     nums, target = row["nums"], row["target"]

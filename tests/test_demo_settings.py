@@ -1,6 +1,6 @@
 """The CPU demo's two modes without running them: which steps and settings each one takes,
 the summary line, and the warm start's checkpoint; the runs themselves are in
-test_launchers.py (`--quick`) and docs/results.md (the default, which learns)."""
+test_launchers.py (`--quick`) and docs/results/cpu-demo.md (the default, which learns)."""
 
 import shutil
 from pathlib import Path

@@ -1,5 +1,5 @@
 """One convention for bad input across the project's commands: one line on stderr naming what
-is wrong, exit status 2, and nothing started (README, "Exit codes")."""
+is wrong, exit status 2, and nothing started (docs/exit-codes.md)."""
 
 import os
 import subprocess

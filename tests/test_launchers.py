@@ -208,7 +208,7 @@ def assert_layout_ran(proc: subprocess.Popen, run_dir: Path, before: dict[int, s
     return log
 
 
-@pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 or more GPUs; its GPU run: docs/results.md, issue 24")
+@pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 or more GPUs; its GPU run: docs/results/launch-paths.md")
 @pytest.mark.parametrize("launcher", ["single", "local"])
 def test_the_shipped_layout_on_this_hosts_gpus(launcher, start_demo, tmp_path):
     """train_config.yaml's allocation (sglang:d4 + fsdp:d4 on 8 GPUs) scaled to this host's
@@ -270,7 +270,7 @@ def readme_gpu_run(tmp_path_factory) -> tuple[int, Path, Path]:
     return gpus, model, data
 
 
-@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU; its GPU runs: docs/results.md, issue 24")
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a GPU; its GPU runs: docs/results/launch-paths.md")
 @pytest.mark.parametrize("launcher", ["single", "local"])
 def test_the_readmes_small_gpu_command_with_a_model_of_its_size(launcher, readme_gpu_run, start_demo, tmp_path,
                                                                 monkeypatch):  # fmt: skip

@@ -1,6 +1,6 @@
 """scripts/learning_run.py rehearsed on CPU with the tiny preset: both phases run for real
 (AReaL's SFTTrainer, then train.py against the dev server), at toy sizes, so that the GPU
-experiment of docs/results.md does not fail on a path that was never run."""
+experiment of docs/results/learning.md does not fail on a path that was never run."""
 
 import argparse
 import importlib.util

@@ -8,7 +8,7 @@ evaluate.py before and after). Not real: the model (1.4M parameters, random weig
 solves nothing, so every pass@1 is 0 and no group has a reward spread, hence
 --no-skip-uniform-groups for row A), the sizes (a handful of puzzles, 16-24 new tokens), the
 device and the time (an 8-15 s clock, not 450 s). The GPU rows are run by the commands in
-docs/results.md. The TensorBoard arithmetic is checked on event files written here.
+docs/results/time-to-accuracy.md. The TensorBoard arithmetic is checked on event files written here.
 """
 
 import json

@@ -3,7 +3,7 @@ machine, no GPU, no downloads.
 
     python3 -m tools.demo [--quick] [--seed N] [--launcher single|single-ray|single-slurm|local|ray|slurm]   (`make demo`)
 
-By default (what it takes and what it reaches: docs/results.md, "The CPU demo learns"):
+By default (what it takes and what it reaches: docs/results/cpu-demo.md, "The CPU demo learns"):
 
 1. puzzles: two numbers from 1-50 and a target from 1-100 (countdown.py), 2,300 to train
    on and 500 held out;
@@ -55,9 +55,9 @@ MAX_NEW_TOKENS = 72  # the longest reference completion of these puzzles is 71 t
 GRPO_STEPS = 50
 # sft.py on the train puzzles, in configs/sft_warm_start.yaml's data order whatever --seed says:
 # the demo was tuned in that order, and in seed 1's this short SFT gave a far weaker warm start
-# (docs/results.md, "The CPU demo learns"). One example per row: with that config's
+# (docs/results/cpu-demo.md, "The CPU demo learns"). One example per row: with that config's
 # packing (made for a per-row cost of the GPU machine) the tiny model learnt to copy the
-# prompt's numbers late or not at all (docs/results.md).
+# prompt's numbers late or not at all (docs/results/cpu-demo.md).
 SFT = ["actor.dtype=float32", "actor.optimizer.lr=3e-3", "total_train_epochs=3",
        "examples_per_row=1", "train_dataset.batch_size=16"]  # fmt: skip
 # train.py, after cpu_overrides: more samples per puzzle (a spread of rewards to learn from),
@@ -98,7 +98,7 @@ def summary(tensorboard_dir: Path, seconds: float, before: float | None) -> str:
 
 
 def evaluate_command(run_dir: Path, *options: str) -> list[str]:
-    """The README's evaluation command for the model the run saved last, on its test split.
+    """The evaluation command (docs/results/cpu-demo.md) for the model the run saved last, on its test split.
 
     Raises RuntimeError (the demo's `[demo] failed: ...` line, after the summary) when no save
     was written whole: a trainer stopped inside its last save leaves a folder that does not load.

@@ -19,7 +19,7 @@ Model: ``Qwen2ForCausalLM`` from a ``Qwen2Config``, random init seeded by ``--se
 Presets:
   tiny   ~1.4 M params: CPU tests and the quick CPU demo.
   demo   tiny in 8 attention heads instead of 4: the CPU demo that learns (`make demo`).
-  small  ~25 M params: the GPU learning experiment (docs/results.md); 49 MB in bf16, so
+  small  ~25 M params: the GPU learning experiment (docs/results/learning.md); 49 MB in bf16, so
          a warm-started checkpoint fits in one transfer to and from the GPU machine.
   medium ~76 M params: the larger model of the learning experiment.
   qwen2.5-1.5b, qwen2.5-3b  those models' shapes and vocabulary, written in bfloat16: the
@@ -75,7 +75,7 @@ TINY = dict(
 PRESETS: dict[str, dict] = {
     "tiny": TINY,
     # tiny's sizes in 8 heads of 32 (4 key/value heads): the CPU demo's model, the one every
-    # measured demo run used (docs/results.md). Same parameter count as tiny.
+    # measured demo run used (docs/results/cpu-demo.md). Same parameter count as tiny.
     "demo": {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4},
     "small": dict(
         hidden_size=512,
@@ -85,7 +85,7 @@ PRESETS: dict[str, dict] = {
         num_key_value_heads=2,
     ),
     # GPT-2 small's depth and width (12 x 768) in head_dim 64: the larger model that the
-    # warm start's step-bound SFT and GRPO's plateau asked for (docs/results.md, issue 23).
+    # warm start's step-bound SFT and GRPO's plateau asked for (docs/results/goal-65.md).
     "medium": dict(
         hidden_size=768,
         intermediate_size=2048,

@@ -62,7 +62,7 @@ memory (torch.cuda.max_memory_allocated), and two MFUs against the measured bf16
   for the update. Recomputation by gradient checkpointing, padding and prompt-position
   logits are work, not useful FLOPs, and are not counted.
 - MFU (6N): 6 * parameters * tokens / time, the customary formula of the earlier tables
-  (docs/results.md section 2), kept so that those numbers stay comparable.
+  (docs/results/throughput.md), kept so that those numbers stay comparable.
 
 --profile DIR runs one more step of the shipped setting under torch.profiler and writes
 DIR/profile_SHAPE.txt: GPU busy and idle time by phase of AReaL's step (bench/gpu/timeline.py),
