@@ -331,19 +331,37 @@ def test_interrupted_run_leaves_no_process_behind_and_keeps_the_previous_run(lau
     assert previous.read_bytes() == b"the previous run's picture"
 
 
-def test_a_killed_rollout_server_stops_the_run_with_one_line_naming_it(start_demo, tmp_path):
-    """Single controller: AReaL would retry the dead server's requests for ever."""
+# Who notices a dead server: under the single controller, areal_patches/server_watchdog.py after
+# its grace; under the local launcher, AReaL's server wrapper exits with its server and the
+# launcher stops every job (the demo's recover.retries=0; with retries it starts the run
+# again), and the demo names the server from the wrapper's log line (launch/training.py).
+KILLED_SERVER = [
+    pytest.param("single", ["server_health_grace=10"], r"rollout server (\S+) has not answered /health for 10 s",
+                 id="single"),
+    pytest.param("local", [], r"\[demo\] failed: rollout server (\S+) exited \(returncode -9\) before step 50",
+                 id="local"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher, args, message", KILLED_SERVER)
+def test_a_killed_rollout_server_stops_the_run_with_one_line_naming_it(launcher, args, message, start_demo, tmp_path):
+    """A bounded stop, one line naming the killed server and what to do, nothing left running."""
     before = live_processes()
     run_dir = tmp_path / "run"
-    proc = start_demo(run_dir, "--steps", "50", "server_health_grace=10")
+    proc = start_demo(run_dir, "--launcher", launcher, "--steps", "50", *args)
     wait_for_line(proc, "Train step 1/", timeout=600)
     server = next(p for p, cmd in live_processes().items() if "sglang.launch_server" in cmd and str(run_dir) in cmd)
+    port = re.search(r"--port (\d+)", " ".join(psutil.Process(server).cmdline()))[1]
     psutil.Process(server).kill()
     killed = time.time()
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, rest[-2000:]
     assert time.time() - killed < 60
-    assert re.search(r"rollout server \S+ has not answered /health for 10 s", rest), rest[-2000:]
+    named = [line for line in rest.splitlines() if re.search(message, line)]
+    assert len(named) == 1, rest[-2000:]
+    (line,) = named
+    assert re.search(message, line)[1].endswith(f":{port}"), line
+    assert "Rerun the same command to resume from the last recover checkpoint" in line, line
     assert left_behind(run_dir, before) == []
 
 
