@@ -5,10 +5,11 @@ Upstream behaviour (areal 1.0.4): `StatsLogger.init` calls `wandb.login()` for e
 login`, or no network to log in over), wandb raises `UsageError: No API key configured`
 and the run fails at start, before its first step.
 
-Effect: in offline mode the login runs as wandb's own offline mode does it (`WANDB_MODE=offline`
-for the call: it skips the key and says "Unable to verify login in offline mode"); the run then
-writes its wandb folder, `<fileroot>/logs/<user>/<experiment>/<trial>/wandb/offline-run-*`,
-which `wandb sync <folder>` uploads later. Online runs and their login are AReaL's.
+Effect: in offline mode the process's wandb settings say offline (`wandb.setup`, wandb's
+own way to set them, also where wandb was set up before) before AReaL's `init`, so the login
+skips the key ("Unable to verify login in offline mode"); the run then writes its wandb folder,
+`<fileroot>/logs/<user>/<experiment>/<trial>/wandb/offline-run-*`, which `wandb sync <folder>`
+uploads later. Online runs and their login are AReaL's.
 
 Off: `areal_patches.install(wandb_offline=False)`.
 """
@@ -16,10 +17,10 @@ Off: `areal_patches.install(wandb_offline=False)`.
 from __future__ import annotations
 
 import functools
-import os
 
 
 def install() -> None:
+    import wandb
     from areal.utils.stats_logger import StatsLogger
 
     original = StatsLogger.init
@@ -28,17 +29,9 @@ def install() -> None:
 
     @functools.wraps(original)
     def init(self) -> None:
-        if self.config.wandb.mode != "offline":
-            return original(self)
-        previous = os.environ.get("WANDB_MODE")
-        os.environ["WANDB_MODE"] = "offline"
-        try:
-            return original(self)
-        finally:
-            if previous is None:
-                os.environ.pop("WANDB_MODE")
-            else:
-                os.environ["WANDB_MODE"] = previous
+        if self.config.wandb.mode == "offline":
+            wandb.setup(settings=wandb.Settings(mode="offline"))
+        return original(self)
 
     init.logs_in_offline = True
     StatsLogger.init = init

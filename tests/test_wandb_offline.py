@@ -3,9 +3,8 @@ without a W&B account or network (tests/test_launchers.py checks it in a whole r
 
 from __future__ import annotations
 
-import os
-
 import pytest
+import wandb
 from areal.api.cli_args import GRPOConfig
 from areal.api.io_struct import FinetuneSpec
 from areal.utils.stats_logger import StatsLogger
@@ -19,6 +18,7 @@ def offline_logger(fileroot, monkeypatch) -> StatsLogger:
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(fileroot / "home"))  # no ~/.netrc, no wandb settings
+    wandb.setup()  # as an earlier logger in the process would have
     config = GRPOConfig(experiment_name="offline", trial_name="t", total_train_epochs=1)
     config.stats_logger.experiment_name, config.stats_logger.trial_name = "offline", "t"
     config.stats_logger.fileroot = str(fileroot)
@@ -30,7 +30,8 @@ def offline_logger(fileroot, monkeypatch) -> StatsLogger:
 @pytest.mark.timeout(120)
 def test_an_offline_run_needs_no_api_key_and_writes_its_steps_for_wandb_sync(tmp_path, monkeypatch):
     wandb_offline.install()
-    logger = offline_logger(tmp_path, monkeypatch)
+    logger = offline_logger(tmp_path, monkeypatch)  # in a process whose wandb was set up online
+
     try:
         for step, reward in enumerate([0.25, 0.5]):
             logger.commit(epoch=0, step=step, global_step=step, data={"rollout/reward": reward})
@@ -38,4 +39,3 @@ def test_an_offline_run_needs_no_api_key_and_writes_its_steps_for_wandb_sync(tmp
         logger.close()
     (run_file,) = tmp_path.glob("logs/*/offline/t/wandb/offline-run-*/run-*.wandb")
     assert wandb_history(run_file) == {"rollout/reward": {0: 0.25, 1: 0.5}}
-    assert "WANDB_MODE" not in os.environ  # set for the login only
