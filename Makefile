@@ -9,7 +9,7 @@ TORCH := $(shell grep -E '^torch==' requirements-cpu.txt)
 # Which of the README's training commands the demo runs: single (controller), local, ray, slurm.
 LAUNCHER ?= single
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test test-fast bench
 
 setup: $(INSTALLED)
 
@@ -33,6 +33,11 @@ demo: $(INSTALLED)
 # The 15 slowest tests close the report: the suite has to stay well inside CI's 90 minutes.
 test: $(INSTALLED)
 	$(PY) -m pytest -q --durations=15 tests
+
+# The loop while editing: every test but the whole runs (pyproject.toml's `launchers` and `e2e`
+# markers), which `make test` adds.
+test-fast: $(INSTALLED)
+	$(PY) -m pytest -q --durations=10 -m "not launchers and not e2e" tests
 
 bench: $(INSTALLED)
 	$(PY) bench/bench_countdown.py

@@ -22,6 +22,7 @@ for them.
 | `task_callback` | single controller: a rollout's completion callback that comes after its wait was cancelled (a run shutting down) sets a result on a cancelled future, and the event loop logs `InvalidStateError: invalid state` after "Training completes" | the callback skips a future that is no longer pending | `install(task_callback=False)` |
 | `rollout_shutdown` | single controller: `RolloutController.destroy` stops its callback server before its workers, so a rollout finishing meanwhile makes the worker log `ERROR: Callback to .../rollout_complete failed` (reset, refused or 500) | the server stops after the workers are deleted and answers a late callback 200, resolving nothing | `install(rollout_shutdown=False)` |
 | `callback_pool` | single controller: a rollout worker posts its completion callbacks from the 4-thread pool its weight load runs in, to a single-threaded server that a push keeps busy until that load ends; rollouts finishing during a push stall it until their posts time out (30 s), each logged as a failed callback | the posts have a pool of their own; the load never waits behind them | `install(callback_pool=False)` |
+| `wandb_offline` | `stats_logger.wandb.mode=offline` still calls `wandb.login()`, which fails without an API key (`UsageError`) before the first step | offline runs need no account or network; their folder is for `wandb sync` later | `install(wandb_offline=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 | `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
@@ -55,6 +56,7 @@ def install(
     rollout_shutdown: bool = True,
     callback_pool: bool = True,
     mask_mapping: bool = True,
+    wandb_offline: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
@@ -75,6 +77,7 @@ def install(
     from areal_patches import slurm_container as slurm_container_module
     from areal_patches import slurm_job_exit as slurm_job_exit_module
     from areal_patches import task_callback as task_callback_module
+    from areal_patches import wandb_offline as wandb_offline_module
     from areal_patches import weight_push as weight_push_module
 
     if packed_sdpa:
@@ -113,3 +116,5 @@ def install(
         rollout_shutdown_module.install()
     if callback_pool:
         callback_pool_module.install()
+    if wandb_offline:
+        wandb_offline_module.install()

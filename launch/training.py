@@ -348,6 +348,21 @@ def launch_trainer(run_dir: Path, overrides: list[str], server_addr: str, log_pa
 
 # AReaL's local, Ray and Slurm launchers exit 1 even after a complete run (docs/areal-bugs.md).
 EXIT_1_AFTER_SUCCESS = ("local", "ray", "slurm")
+# Their server wrapper's line when a rollout server ends: the wrapper exits, and the launcher
+# stops every job (and starts the run again while recover.retries allows).
+SERVER_EXIT = re.compile(r"SGLang server (?:https?://)?(\S+) exits, returncode=(-?\d+)")
+
+
+def unfinished_run_error(log: str, steps: str, log_path: Path) -> str:
+    """Why a run ended before its last step, in one line: the rollout server that ended, if
+    the log names one, and what to do."""
+    if exited := SERVER_EXIT.search(log):
+        return (
+            f"rollout server {exited[1]} exited (returncode {exited[2]}) before step {steps}, and the "
+            f"launcher stopped the run; its output is in {log_path}. Rerun the same command to resume "
+            "from the last recover checkpoint (++recover.retries=N has the launcher do it)"
+        )
+    return f"training ended before step {steps}; see {log_path}"
 
 
 def run_user_command(
@@ -373,7 +388,8 @@ def run_user_command(
     steps = next(o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps="))
     if expired:
         raise RuntimeError(f"training stopped after the {time_limit:.0f} s time limit; see {log_path}")
-    if f"Train step {steps}/" not in log_path.read_text():
-        raise RuntimeError(f"training ended before step {steps}; see {log_path}")
+    log = log_path.read_text()
+    if f"Train step {steps}/" not in log:
+        raise RuntimeError(unfinished_run_error(log, steps, log_path))
 
 

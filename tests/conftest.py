@@ -6,6 +6,7 @@ started as a terminal starts it."""
 import json
 import re
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,42 @@ def heavy_imports(modules: str, heavy: set[str]) -> list[str]:
     code = f"import json, sys, {modules}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(heavy)!r}))))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+# A .wandb file: wandb's 7-byte header, then LevelDB log records (32 KiB blocks, each record
+# a 7-byte header: crc32c, length, type), each a serialised wandb.proto Record. wandb 0.31
+# reads it in its Go core only; the records are its own protobuf.
+WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
+LOG_BLOCK, RECORD_HEADER, WHOLE, LAST_PART = 32768, 7, 1, 4
+
+
+def wandb_history(run_file: Path) -> dict[str, dict[int, float]]:
+    """The step metrics a wandb run file holds, as `wandb sync` would send them:
+    {key: {step: value}}, wandb's own `_step`, `_runtime` and `_timestamp` left out."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data.startswith(WANDB_HEADER), data[:RECORD_HEADER]
+    history: dict[str, dict[int, float]] = {}
+    pos, parts = RECORD_HEADER, []
+    while pos + RECORD_HEADER <= len(data):
+        if LOG_BLOCK - pos % LOG_BLOCK < RECORD_HEADER:  # a block's zero-filled tail
+            pos += LOG_BLOCK - pos % LOG_BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + RECORD_HEADER])
+        if kind == 0:  # the zeros after the last record
+            break
+        parts.append(data[pos + RECORD_HEADER : pos + RECORD_HEADER + length])
+        pos += RECORD_HEADER + length
+        if kind in (WHOLE, LAST_PART):
+            record = wandb_internal_pb2.Record.FromString(b"".join(parts))
+            parts = []
+            if record.WhichOneof("record_type") == "history":
+                for item in record.history.item:
+                    key = item.key or "/".join(item.nested_key)  # wandb splits "rollout/reward"
+                    if not key.startswith("_"):
+                        history.setdefault(key, {})[record.history.step.num] = json.loads(item.value_json)
+    return history
 
 
 def alive(pid: int) -> bool:

@@ -11,6 +11,8 @@ submits it). Runs in a fresh interpreter: the pools are per process.
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # one AReaL engine in a process of its own (the `single_rank` fixture)
+
 SCRIPT = r"""
 import json, logging, sys, threading, time
 sys.path.insert(0, sys.argv[1])

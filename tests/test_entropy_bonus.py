@@ -21,6 +21,7 @@ def test_the_bonus_is_the_mean_entropy_of_the_scored_tokens():
     torch.testing.assert_close(entropy.grad, -0.3 / 3 * mask.float())
 
 
+@pytest.mark.e2e
 def test_a_step_on_the_bonus_widens_a_peaked_distribution():
     from areal.utils.functional import gather_logprobs_entropy
 

@@ -41,6 +41,7 @@ def test_bad_input_is_one_line_and_exit_status_2(command, expected):
     assert_one_line(run(command), 2, expected)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -55,6 +56,7 @@ def test_sft_settings_that_cannot_work_are_one_line(overrides, message, tmp_path
     assert proc.stderr.strip().splitlines()[-1] == f"sft.py: {message}"  # the whole line, nothing after it
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "program, overrides, expected",
     [
@@ -72,6 +74,7 @@ def test_a_training_set_smaller_than_one_batch_is_refused(program, overrides, ex
     assert_one_line(run(command), 2, f"{program}: {data}: {expected}")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("program", ["train.py", "sft.py"])
 def test_scheduler_ray_with_no_cluster_at_ray_address_stops_in_one_line(program, tiny_model_dir, tmp_path):
     """Ray's own connect would retry for minutes (docs/areal-bugs.md); the subprocess timeout

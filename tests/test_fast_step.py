@@ -320,6 +320,7 @@ print("RESULT", json.dumps(dict(logp_diff=logp_diff, prompts=prompts, grad_diff=
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_logits_of_scored_positions_give_areals_logprobs_gradients_and_statistics(tiny_model_dir, single_rank):
     """compute_logp and ppo_update with the LM head on scored positions only, then AReaL's
@@ -375,6 +376,7 @@ print("RESULT", json.dumps(dict(
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_parameters_gathered_once_per_pass_give_areals_logprobs_and_weights(tiny_model_dir, single_rank):
     """Two GRPO steps (compute_logp, then ppo_update with two optimizer steps) with each
@@ -429,6 +431,7 @@ print("RESULT", json.dumps(dict(
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_layers_keeping_activations_skip_recomputation_and_give_the_same_training(tiny_model_dir, single_rank):
     """The trainer with actor.layers_not_checkpointed=1: its last layer runs one

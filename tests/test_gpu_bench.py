@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from bench.gpu import timeline, train_step
@@ -111,6 +112,7 @@ def test_scaling_compares_each_rank_count_with_one_rank_of_the_same_shape_and_se
     ]  # no one-rank row of 3b, nor of one minibatch: no efficiency; the failed row is left out
 
 
+@pytest.mark.e2e
 def test_the_bench_runs_its_areal_row_on_two_fsdp_ranks(tmp_path):
     """The multi-GPU rows' code path on CPU (two gloo ranks under torchrun): the numbers mean
     nothing here, the row must come back whole from the first rank."""
@@ -144,6 +146,7 @@ def test_the_first_traceback_survives_lines_of_other_ranks_written_into_it():
     assert len(train_step.first_traceback(["Traceback (most recent call last):"] + ["  File"] * 100)) == 60
 
 
+@pytest.mark.e2e
 def test_a_failing_rank_shows_its_own_error_not_only_torchruns_summary(tmp_path):
     """Under torchrun the last lines of a failed child are torchrun's ChildFailedError; the
     rank's own exception must be on screen too. areal is replaced by a package that fails to

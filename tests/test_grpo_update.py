@@ -71,6 +71,7 @@ print("RESULT", json.dumps({"rewards": rewards,
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_one_update_raises_rewarded_completions_and_lowers_the_rest(tiny_model_dir, single_rank):
     result = single_rank(SCRIPT, tiny_model_dir)

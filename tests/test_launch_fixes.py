@@ -229,6 +229,7 @@ def run_with_seam(code: str, seam: bool = True) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.e2e
 def test_the_seam_puts_the_dev_server_in_sglangs_place_and_only_there():
     find = "import importlib.util; print(importlib.util.find_spec('areal.experimental.inference_service.sglang.launch_server').origin)"
     assert run_with_seam(find) == str(ROOT / "dev_server" / "sglang_launch_server.py")

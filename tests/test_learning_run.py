@@ -31,6 +31,7 @@ def learning_run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_sft_then_grpo_on_cpu(tmp_path):
     work = tmp_path / "work"
@@ -97,6 +98,7 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     assert set(results["pass@1_after"]) == {"all", "3 numbers", "4 numbers"}
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_sft_from_a_model_on_its_own_solved_puzzles(tiny_model_dir, tmp_path):
     """--init and --sft-data: the sft phase fine-tunes the given model on evaluate.py
@@ -132,6 +134,7 @@ def test_sft_examples_train_on_each_of_a_rows_own_completions(tiny_model_dir):
     assert all(e["input_ids"][-1] == tokenizer.eos_token_id for e in examples)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_trainer_and_still_copies_its_log(tmp_path):
     """`timeout` ends a GPU call with SIGTERM: the run exits 143 through its clean-up, no

@@ -62,6 +62,7 @@ print("RESULT", json.dumps(dict(errors=errors, cu_ends_at_row_length=cu_ends_at_
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_packed_logp_matches_unpacked_forward_with_fix(tiny_model_dir, single_rank):
     result = single_rank(SCRIPT, tiny_model_dir, "fix")
@@ -71,6 +72,7 @@ def test_packed_logp_matches_unpacked_forward_with_fix(tiny_model_dir, single_ra
     assert result["cu_ends_at_row_length"] == [True], "AReaL's micro-batches no longer end with cu_seqlens"
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_plain_sdpa_leaks_across_packed_sequences(tiny_model_dir, single_rank):
     """The trap itself: without the fix, only the first packed sequence is right.

@@ -10,6 +10,8 @@ as `RemoteInfEngine.update_weights_from_disk` does).
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # one AReaL engine in a process of its own (the `single_rank` fixture)
+
 SCRIPT = r"""
 import json, sys, threading
 from concurrent.futures import Future

@@ -52,6 +52,7 @@ def test_config_and_data_mistakes_are_one_line_before_the_imports(args, expected
     assert proc.stdout == ""
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "override, expected",
     [("++actor.c_clp=3.0",
@@ -115,6 +116,7 @@ def test_a_word_for_an_integer_names_the_integer():
     assert problem == "gconfig.n_samples: Value 'eight' of type 'str' could not be converted to Integer"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args, expected",
     [

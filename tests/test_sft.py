@@ -17,6 +17,7 @@ from launch import ray_cluster
 from launch.training import launcher_overrides, seam_env
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.e2e
 
 
 def sft_command(model: Path, data: Path, fileroot: Path) -> list[str]:

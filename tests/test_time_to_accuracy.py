@@ -51,6 +51,7 @@ def check_common_fields(record: dict, row: str, seconds: float) -> None:
     assert record["seconds_per_step"]["step"] > 0
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, tmp_path):
     record = run_row("C", tiny_model_dir, tmp_path, "--seconds", "8", "--eval-seconds", "2", "--max-new-tokens",
@@ -71,6 +72,7 @@ def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, 
     assert any("rewards/countdown_reward/mean" in entry for entry in record["log_history"])
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_dir, tmp_path):
     record = run_row("A", tiny_model_dir, tmp_path, "--seconds", "15", "--eval-seconds", "4",

@@ -183,6 +183,7 @@ def train(run_dir: Path, model: Path, data_dir: Path, addr: str, steps: int) -> 
     return log.read_text()
 
 
+@pytest.mark.e2e
 def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_dir, tmp_path):
     rows = countdown.load_puzzles(str(data_dir / "test_e.jsonl"))[:2]
     tokenizer = engine_tokenizer(tiny_model_dir)
@@ -257,6 +258,7 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.e2e
 def test_a_kl_penalty_runs_the_reference_model(tiny_model_dir, data_dir, tmp_path):
     """actor.kl_ctl > 0 (train_config.yaml ships 0) has AReaL load the `ref` model beside the
     actor and take a KL penalty off the rewards. The ref starts from the same weights, so the
@@ -281,6 +283,7 @@ def run_train_py(args: list[str]) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_bad_inputs_give_actionable_errors(tiny_model_dir, data_dir, tmp_path):
     base = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path}/nr",
             f"actor.path={tiny_model_dir}", f"valid_dataset.path={data_dir}/test_e.jsonl"]  # fmt: skip
@@ -299,6 +302,7 @@ def test_bad_inputs_give_actionable_errors(tiny_model_dir, data_dir, tmp_path):
     assert proc.returncode == 2 and "'/no/such/model' does not exist" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, data_dir, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -317,6 +321,7 @@ def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, 
     assert leftovers.stdout.strip() == ""
 
 
+@pytest.mark.e2e
 def test_skip_uniform_groups_and_closeness_bonus_reach_the_trainer(tiny_model_dir, data_dir, tmp_path, monkeypatch):
     """skip_uniform_groups=true gives PPOTrainer.train train.has_reward_spread, by the name AReaL
     resolves, as its dynamic filter; the default gives none. closeness_bonus reaches the training
