@@ -33,6 +33,7 @@ from tools import smollm2
 
 ROOT = Path(__file__).resolve().parent.parent
 IM_START, IM_END = 1, 2  # the GGUF's bos and eos ids
+pytestmark = pytest.mark.e2e  # the conversion alone takes half a minute
 
 
 @pytest.fixture(scope="module")
