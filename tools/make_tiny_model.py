@@ -263,7 +263,7 @@ def build_model(tokenizer, preset: str = "tiny", seed: int = 0):
     return model
 
 
-def _portable_tokenizer_config(path: Path) -> None:
+def portable_tokenizer_config(path: Path) -> None:
     """Use class/key names that transformers 4.x understands as well as 5.x.
 
     transformers 5 writes ``tokenizer_class: TokenizersBackend`` and a list-valued
@@ -334,7 +334,7 @@ def make_tiny_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0,
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp, save_jinja_files=False)
-        _portable_tokenizer_config(tmp / "tokenizer_config.json")
+        portable_tokenizer_config(tmp / "tokenizer_config.json")
 
     write_folder_atomically(out, fill)
     if verbose:

