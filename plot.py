@@ -1,12 +1,17 @@
 """Turn a training run's metrics into a CSV and a PNG, or compare time-to-accuracy rows.
 
-    python3 plot.py TB_DIR [--out curves.png] [--before PASS_AT_1]
+    python3 plot.py TB_DIR [--out curves.png] [--before PASS_AT_1] [--config CONFIG_YAML]
     python3 plot.py --compare OUT/row_A.json OUT/row_C.json ... [--out time_to_accuracy.png]
 
 TB_DIR is the folder of one run's TensorBoard event files, which AReaL's StatsLogger writes to
 `<fileroot>/logs/tensorboard/<experiment>/<trial>`, or any folder above it that holds only
 that run. Steps are numbered as the training log numbers them: step 1 is the first training
-step (`Train step 1/N`), which AReaL logs to TensorBoard as step 0.
+step (`Train step 1/N`), which AReaL logs to TensorBoard as step 0. `--config` is the run's
+config.yaml (AReaL writes it to `<fileroot>/logs/<user>/<experiment>/<trial>/`): the legends
+then say how each curve's completions were decoded, sampled at a temperature for training
+and greedy for the held-out puzzles in this project's configs, which is why the training
+success sits below the held-out one. The success-by-number-count panel is drawn only when
+the run logged more than one number count.
 
 `--compare` draws the rows written by scripts/time_to_accuracy.py in one panel: held-out
 pass@1 against seconds of training since the first rollout, one line per row (its points,
@@ -20,6 +25,7 @@ import argparse
 import csv
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +38,7 @@ if __name__ == "__main__":  # the wrong Python costs one line, not a traceback
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+import yaml
 from tensorboard.backend.event_processing import event_accumulator
 
 Scalars = dict[str, dict[int, float]]  # {tag: {step: value}}
@@ -48,6 +55,7 @@ PANELS = [
     ("cut at max_new_tokens", "fraction of completions", 1.0, {"truncated": ""}),
 ]  # fmt: skip
 SOURCES = {"rollout": "training", "eval-rollout": "held-out"}
+BY_NUMBER_COUNT = "success by number count"
 # A panel's second metric differs in line style and marker too, so that equal values (all 0
 # at the start of a run) leave both visible.
 SERIES_STYLES = [dict(linestyle="-", marker="D"), dict(linestyle="--", marker="s"), dict(linestyle=":", marker="^")]
@@ -150,14 +158,43 @@ def draw_series(
         ax.plot(steps, values, "o", linestyle=line, markersize=4, label=label, zorder=4, **kw)
 
 
-def figure(scalars: Scalars, suptitle: str, before: float | None = None) -> Figure:
-    """One panel per entry of PANELS; `scalars` numbered by training step (by_training_step).
-    `before`: held-out pass@1 before training, a dotted line on the success panel."""
+def decoding(gconfig: Mapping) -> str:
+    """How a generation config (AReaL's GenerationHyperparameters, as config.yaml holds it) decodes."""
+    return "greedy" if gconfig.get("greedy") else f"sampled, T {gconfig.get('temperature', 1.0):g}"
+
+
+def source_labels(config: Mapping | None) -> dict[str, str]:
+    """SOURCES, with each one's decoding when the run's config is known."""
+    if config is None:
+        return dict(SOURCES)
+    keys = {"rollout": "gconfig", "eval-rollout": "eval_gconfig"}
+    return {prefix: f"{name} ({decoding(config[keys[prefix]])})" if keys[prefix] in config else name
+            for prefix, name in SOURCES.items()}  # fmt: skip
+
+
+def panels(scalars: Scalars) -> list[tuple]:
+    """PANELS without the number-count panel when the run logged one number count or none:
+    it would repeat the success panel."""
+    counts = {tag.split("/", 1)[1] for tag in scalars if tag.split("/", 1)[-1].startswith("success_")}
+    return [p for p in PANELS if p[0] != BY_NUMBER_COUNT or len(counts) > 1]
+
+
+def figure(scalars: Scalars, suptitle: str, before: float | None = None, config: Mapping | None = None) -> Figure:
+    """One panel per entry of `panels`; `scalars` numbered by training step (by_training_step).
+    `before`: held-out pass@1 before training, a dotted line on the success panel. `config`:
+    the run's config.yaml, for the legends' decoding (source_labels)."""
     fig = Figure(figsize=(14, 7.5), layout="constrained")
     axes = fig.subplots(2, 3, sharex=True)
-    for ax, (panel, ylabel, top, metrics) in zip(axes.flat, PANELS):
+    sources = source_labels(config)
+    shown = panels(scalars)
+    for ax in axes.flat[len(shown):]:
+        above = axes.flat[list(axes.flat).index(ax) - 3]
+        above.tick_params(labelbottom=True)
+        above.set_xlabel("training step")
+        ax.remove()
+    for ax, (panel, ylabel, top, metrics) in zip(axes.flat, shown):
         for i, (metric, metric_label) in enumerate(metrics.items()):
-            for j, (prefix, source) in enumerate(SOURCES.items()):
+            for j, (prefix, source) in enumerate(sources.items()):
                 points = scalars.get(f"{prefix}/{metric}")
                 if points:
                     label = f"{source}, {metric_label}" if metric_label else source
@@ -178,10 +215,21 @@ def figure(scalars: Scalars, suptitle: str, before: float | None = None) -> Figu
             ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "not logged in this run", ha="center", transform=ax.transAxes)
-    for ax in axes[-1]:
+    for ax in axes[-1][: len(shown) - 3]:
         ax.set_xlabel("training step")
     fig.suptitle(suptitle)
     return fig
+
+
+def read_config(path: Path) -> dict:
+    """A run's config.yaml as AReaL wrote it; ValueError naming the file when it cannot be read."""
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read the run's config {path}: {e}") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a run's config.yaml (AReaL writes it under <fileroot>/logs/<user>/<experiment>/<trial>/)")
+    return config
 
 
 def write_csv(scalars: Scalars, out: Path) -> None:
@@ -309,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="row files of scripts/time_to_accuracy.py, drawn in one figure")
     parser.add_argument("--before", type=float, metavar="PASS_AT_1",
                         help="held-out pass@1 before training (e.g. the CPU demo's warm start), drawn as a line")
+    parser.add_argument("--config", type=Path, metavar="CONFIG_YAML",
+                        help="the run's config.yaml (under <fileroot>/logs/<user>/<experiment>/<trial>/): the "
+                        "legends then say how training and held-out completions were decoded")
     parser.add_argument("--out", type=Path,
                         help="PNG path (default RUN_DIR/curves.png; with --compare, time_to_accuracy.png "
                         "beside the first row)")
@@ -319,13 +370,14 @@ def main(argv: list[str] | None = None) -> int:
         return compare(args.compare, args.out)
     try:
         run = read_run(args.run_dir)
+        config = read_config(args.config) if args.config else None
     except (FileNotFoundError, ValueError) as e:
         print(f"plot.py: {e}", file=sys.stderr)
         return 2
     scalars = by_training_step(run.scalars)
     out = args.out or args.run_dir / "curves.png"
     write_csv(scalars, out.with_suffix(".csv"))
-    figure(scalars, title(run, all_steps(scalars)), args.before).savefig(out, dpi=120)
+    figure(scalars, title(run, all_steps(scalars)), args.before, config).savefig(out, dpi=120)
     print(f"wrote {out} and {out.with_suffix('.csv')} ({len(scalars)} metrics)")
     return 0
 

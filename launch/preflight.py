@@ -3,9 +3,10 @@
 torch and AReaL take about ten seconds to import and print warnings on the way. A command
 run with the wrong Python, a config file or key that does not exist, a missing data file or
 a model folder that is not there is answered first, from the standard library and OmegaConf
-alone: one line on stderr, exit status 2 (the project's status for bad input). So is a
-word where the config file has a number or a bool. The full checks (every value's type
-against AReaL's dataclasses, every row of the data) still run after the imports.
+alone: one line on stderr, exit status 2 (the project's status for bad input). So are a
+word where the config file has a number or a bool and a malformed row of a data file
+(countdown.load_puzzles reads every row). The type of every value against AReaL's
+dataclasses is checked after the imports, and the trainer reads its data again there.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
 
     try:
         for path in filter(None, map(setting, data_keys)):
-            countdown.read_puzzle_file(path)
+            countdown.load_puzzles(path)
         # AReaL loads the `ref` model only for a KL penalty (actor.kl_ctl > 0).
         kl_ctl = value_of("actor.kl_ctl") or 0
         for key in ("actor.path", "ref.path") if float(kl_ctl) > 0 else ("actor.path",):

@@ -20,18 +20,20 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
 import countdown
 from dev_server.client import find_free_port, stop_group
+from launch.preflight import key_of_override
 
 ROOT = Path(__file__).resolve().parent.parent
 SEAM = ROOT / "dev_server" / "sglang_seam"
@@ -250,13 +252,15 @@ def latest_checkpoint(fileroot: Path, experiment: str) -> Path:
     return complete
 
 
-def run_sft(fileroot: Path, overrides: list[str], log_path: Path) -> Path:
+def run_sft(fileroot: Path, overrides: list[str], log_path: Path,
+            echo: Callable[[str], None] | None = None) -> Path:
     """The supervised warm start (sft.py, configs/sft_warm_start.yaml) as AReaL's local
-    launcher runs a trainer, its files under `fileroot`; returns the model it saved last."""
+    launcher runs a trainer, its files under `fileroot`; returns the model it saved last.
+    `echo`: what is shown of each log line (default `echo_progress`)."""
     overrides = [f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
                  *overrides]  # fmt: skip
     cmd = trainer_command(overrides, script="sft.py", config="configs/sft_warm_start.yaml")
-    run_trainer(cmd, trainer_env(""), log_path)
+    run_trainer(cmd, trainer_env(""), log_path, echo=echo)
     return latest_checkpoint(fileroot, "countdown-sft")
 
 
@@ -285,13 +289,16 @@ def echo_progress(line: str) -> None:
 
 def run_trainer(
     cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | None = None, echo: Callable[[str], None] | None = None,
 ) -> bool:
     """Run the trainer in its own process group, echo progress lines, always clean up.
 
     The trainer is stopped when `time_limit` (seconds) runs out, or when another thread sets
-    `stop` (a limit known only once the run has begun: scripts/time_to_accuracy.py); returns
-    whether it was stopped (a trainer that fails on its own raises). `stop` is set on return.
+    `stop` (a limit known only once the run has begun: scripts/time_to_accuracy.py, the
+    demo's stall guard); returns whether it was stopped (a trainer that fails on its own
+    raises). `stop` is set on return. Every line goes to `log_path` and, until the stop,
+    to `echo` (default `echo_progress`): what the processes print once they are being
+    stopped (connection errors, tracebacks) is a symptom of the stop, for the log only.
 
     Stops happen one at a time. Why: `stop_group` finds the processes to stop by walking the
     tree down from the trainer, and a second stop racing the first walks it after the first
@@ -300,6 +307,7 @@ def run_trainer(
     signal left taken, outlived the run.)
     """
     stop = stop or threading.Event()
+    echo = echo or echo_progress
     stopping = threading.Lock()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w", buffering=1) as log:  # by lines: `tail -f` shows the run as it goes
@@ -311,6 +319,7 @@ def run_trainer(
 
         def stop_when_asked() -> None:
             stop.wait(time_limit or None)
+            stop.set()
             with stopping:
                 if proc.poll() is None:
                     expired.set()
@@ -320,7 +329,8 @@ def run_trainer(
         try:
             for line in proc.stdout:
                 log.write(plain(line))
-                echo_progress(line)
+                if not stop.is_set():
+                    echo(line)
             if proc.wait() != 0 and not expired.is_set():
                 raise RuntimeError(f"training failed (exit {proc.returncode}); see {log_path}")
             return expired.is_set()
@@ -365,31 +375,49 @@ def unfinished_run_error(log: str, steps: str, log_path: Path) -> str:
     return f"training ended before step {steps}; see {log_path}"
 
 
+def each_key_once(groups: list[list[str]]) -> list[list[str]]:
+    """The groups of a command's arguments with every KEY=VALUE override but the last of its
+    key dropped: the command the trainer reads the same way, each key given once."""
+    last = {key_of_override(arg): (g, i) for g, group in enumerate(groups) for i, arg in enumerate(group)
+            if "=" in arg and not arg.startswith("-")}  # fmt: skip
+    return [[arg for i, arg in enumerate(group)
+             if "=" not in arg or arg.startswith("-") or last[key_of_override(arg)] == (g, i)]
+            for g, group in enumerate(groups)]  # fmt: skip
+
+
+def shell_lines(groups: list[list[str]], indent: str = "      ") -> str:
+    """A command as a user types it, one group of arguments a line (`\\` continued)."""
+    return f" \\\n{indent}".join(shlex.join(group) for group in groups if group)
+
+
 def run_user_command(
-    launcher: str, run_dir: Path, overrides: list[str], time_limit: float, extra: list[str] = ()
-) -> None:
-    """The README's command for `launcher` with `overrides`, the launcher's own and `extra`
-    (in that order: the last value of a key wins); raises unless every step ran.
+    launcher: str, run_dir: Path, overrides: list[list[str]], extra: list[str] = (),
+    stop: threading.Event | None = None, echo: Callable[[str], None] | None = None,
+) -> bool:
+    """The README's command for `launcher` with the groups of `overrides` (the CPU
+    overrides first), the launcher's own and `extra` (in that order: the last value of a key
+    wins, and the command gives only that one); returns whether `stop` stopped it, raises
+    unless it was stopped or every step ran. `stop` and `echo`: as run_trainer's.
 
     Success is read from what the run wrote (a log line for its last step), not from the
     exit code alone: some launchers exit 1 after any run.
     """
     (run_dir / "name_resolve").mkdir(parents=True, exist_ok=True)  # the launchers require it
-    cmd = [*user_command(launcher), *overrides, *launcher_overrides(launcher), *extra]
+    python, *readme = user_command(launcher)
+    groups = each_key_once([readme, *overrides, launcher_overrides(launcher), list(extra)])
     log_path = run_dir / "train.log"
-    print(f"[demo] {' '.join(cmd[1:])}", flush=True)
+    print("[demo] the README's training command, then the CPU overrides (launch/training.py), the demo's settings "
+          f"and any given; each key once:\n    python3 {shell_lines(groups)}", flush=True)  # fmt: skip
     with launcher_cluster(launcher, run_dir) as cluster_env:
         try:
-            expired = run_trainer(cmd, seam_env(cluster_env), log_path, time_limit)
+            stopped = run_trainer([python, *sum(groups, [])], seam_env(cluster_env), log_path, stop=stop, echo=echo)
         except RuntimeError:
             if launcher not in EXIT_1_AFTER_SUCCESS:
                 raise
-            expired = False
-    steps = next(o.split("=", 1)[1] for o in overrides if o.startswith("total_train_steps="))
-    if expired:
-        raise RuntimeError(f"training stopped after the {time_limit:.0f} s time limit; see {log_path}")
-    log = log_path.read_text()
-    if f"Train step {steps}/" not in log:
-        raise RuntimeError(unfinished_run_error(log, steps, log_path))
-
-
+            stopped = False
+    steps = next(o.split("=", 1)[1] for o in reversed(sum(overrides, [])) if o.startswith("total_train_steps="))
+    if not stopped:
+        log = log_path.read_text()
+        if f"Train step {steps}/" not in log:
+            raise RuntimeError(unfinished_run_error(log, steps, log_path))
+    return stopped

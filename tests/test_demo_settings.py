@@ -26,8 +26,8 @@ def planned(monkeypatch, tmp_path):
         plan["warm_start"] = seed
         return Path("/warm/start"), 0.25
 
-    def run_user_command(launcher, run_dir, overrides, time_limit, extra):
-        plan["overrides"] = overrides
+    def run_user_command(launcher, run_dir, overrides, extra, stop, echo):
+        plan["overrides"] = sum(overrides, [])
         raise TrainingStarted
 
     monkeypatch.setattr(demo, "run_step", lambda title, cmd: plan["steps"].append(title))
@@ -60,9 +60,13 @@ def test_quick_trains_the_random_model_for_three_steps_with_the_cpu_overrides_on
     assert after_cpu_overrides == ["stats_logger.wandb.mode=disabled", "seed=1", "saver.freq_steps=3"]
 
 
+def test_the_learning_run_saves_every_few_steps_so_that_a_stopped_run_has_a_model(planned):
+    assert planned()["overrides"][-1] == f"saver.freq_steps={demo.SAVE_EVERY}" and demo.SAVE_EVERY < demo.GRPO_STEPS
+
+
 def test_seed_reaches_the_warm_start_and_the_training(planned):
     plan = planned("--seed", "7")
-    assert plan["warm_start"] == 7 and plan["overrides"][-2:] == ["seed=7", f"saver.freq_steps={demo.GRPO_STEPS}"]
+    assert plan["warm_start"] == 7 and plan["overrides"][-2:] == ["seed=7", f"saver.freq_steps={demo.SAVE_EVERY}"]
 
 
 def write_events(folder: Path, rows: dict[int, dict[str, float]]) -> Path:
@@ -82,6 +86,20 @@ def test_summary_shows_held_out_pass_at_1_before_and_after(tmp_path):
     line = demo.summary(tb_dir, 512.3, before=0.314)
     assert line.startswith("[demo] done in 512 s: 40 steps")
     assert f"held-out pass@1 31.4% -> 59.0% ({demo.HELD_OUT} puzzles, greedy)" in line
+
+
+def test_summary_of_a_stopped_run_gives_its_cause_its_steps_and_its_last_saves_pass_at_1(tmp_path):
+    tb_dir = write_events(tmp_path, {
+        step: {"rollout/reward": 0.5, "rollout/format_ok": 1.0, **({"eval-rollout/success": 0.3} if step == 24 else {})}
+        for step in range(44)
+    })  # fmt: skip
+    line = demo.summary(tb_dir, 1973.2, 0.174, demo.Stopped("no step finished in 600 s", 50, (40, 0.25)))
+    assert line == ("[demo] stopped (no step finished in 600 s) after 1973 s: 44 of 50 steps, last reward 0.500, "
+                    f"held-out pass@1 17.4% -> 25.0% (the step-40 save, {demo.HELD_OUT} puzzles, greedy), "
+                    "format rate 1.000")  # fmt: skip
+    no_save = demo.summary(tb_dir, 1973.2, 0.174, demo.Stopped("time limit (900 s)", 50, None))
+    assert "stopped (time limit (900 s))" in no_save and "17.4% -> 30.0% (500 puzzles, greedy)" in no_save
+    assert "eval pass@1 0.250 (the step-40 save)" in demo.summary(tb_dir, 60, None, demo.Stopped("x", 50, (40, 0.25)))
 
 
 def test_summary_of_a_run_too_short_to_evaluate_says_so(tmp_path):
@@ -147,3 +165,23 @@ def test_the_trainers_own_error_lines_are_echoed_whole(capsys):
     assert capsys.readouterr().out == f"[train] {('some other Error ' + why)[-160:]}\n"
     training.echo_progress("an ordinary line\n")
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("launcher", ["single", "local"])
+def test_the_training_command_gives_each_key_once_with_the_value_that_won_before(launcher, tmp_path):
+    """The README's command names placeholders (a 3B model, W&B online) that the CPU overrides
+    replace, and the demo's settings replace some CPU overrides: only the last of each stays."""
+    from launch.preflight import key_of_override, override_value, overrides_in
+
+    _, *readme = training.user_command(launcher)
+    groups = [readme, training.cpu_overrides(tmp_path, tmp_path / "model", tmp_path / "data", 50),
+              ["stats_logger.wandb.mode=disabled", *demo.LEARN], training.launcher_overrides(launcher),
+              ["actor.optimizer.lr=2e-4"]]  # fmt: skip
+    once = training.each_key_once(groups)
+    flat, kept = sum(groups, []), overrides_in(sum(once, []))
+    keys = [key_of_override(o) for o in kept]
+    assert len(keys) == len(set(keys)) == len({key_of_override(o) for o in overrides_in(flat)})
+    assert all(override_value(kept, key) == override_value(flat, key) for key in keys)
+    assert [arg for arg in once[0] if "=" not in arg] == [arg for arg in readme if "=" not in arg]
+    assert "actor.path=Qwen/Qwen2.5-3B-Instruct" not in kept and "gconfig.n_samples=4" not in kept
+    assert once[-1] == ["actor.optimizer.lr=2e-4"]

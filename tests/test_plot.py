@@ -275,3 +275,37 @@ def test_with_several_runs_of_c_the_bar_is_their_mean(tmp_path, capsys):
     assert "C (mean of 2 runs)'s final held-out pass@1 (43.0%; C (mean of 2 runs) trained 390 s)" in out
     assert "| D | 10.5 | 46.0% | 150 | 2.60x |" in out  # 0.43 is reached half-way from 100 s to 200 s
     assert "| C (seed 1) | 8.0 | 42.0% | never | - |" in out
+
+
+def test_one_number_count_draws_no_panel_that_repeats_the_success_panel(tmp_path, monkeypatch):
+    """The CPU demo's puzzles all have two numbers: success_2nums is success again."""
+    tb_dir = tmp_path / "logs"
+    row = {"rollout/success": 0.2, "rollout/success_2nums": 0.2, "eval-rollout/success": 0.3,
+           "eval-rollout/success_2nums": 0.3, "rollout/reward": 0.1}  # fmt: skip
+    write_run(tb_dir / "exp" / "trial", dict.fromkeys(range(3), row))
+    fig = figure_of(monkeypatch, tb_dir)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert plot.BY_NUMBER_COUNT not in titles and len(titles) == len(plot.PANELS) - 1
+    # The panel above the freed place shows the steps.
+    assert panel(fig, "reward").get_xlabel() == "" and fig.axes[2].get_xlabel() == "training step"
+    assert [t.get_text() for t in fig.axes[2].get_xticklabels() if t.get_visible() and t.get_text()]
+    with open(tb_dir / "curves.csv", newline="") as f:
+        assert "rollout/success_2nums" in next(csv.reader(f))  # the CSV keeps every metric
+
+
+def test_the_runs_config_puts_each_curves_decoding_in_its_legend(tmp_path, monkeypatch):
+    """Training samples at a temperature and the held-out evaluation is greedy: why the training
+    success sits below the held-out one, said where the curves are."""
+    config = tmp_path / "config.yaml"
+    config.write_text("gconfig:\n  greedy: false\n  temperature: 0.7\neval_gconfig:\n  greedy: true\n  temperature: 1.0\n")
+    fig = figure_of(monkeypatch, zero_run(tmp_path), "--config", str(config), "--before", "0.2")
+    labels = [line.get_label() for line in panel(fig, "success").lines if not line.get_label().startswith("_")]
+    assert labels == ["training (sampled, T 0.7)", "held-out (greedy)", "held-out, before training (20.0%)"]
+    assert "held-out (greedy), 3 numbers" in [line.get_label() for line in panel(fig, plot.BY_NUMBER_COUNT).lines]
+
+
+def test_a_config_that_is_not_a_runs_yaml_exits_2(tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text("- a list\n")
+    assert plot.main([str(zero_run(tmp_path)), "--config", str(config)]) == 2
+    assert "not a run's config.yaml" in capsys.readouterr().err

@@ -66,6 +66,27 @@ def test_a_key_that_an_override_adds_is_judged_by_the_dataclass_in_one_line(data
     assert proc.stderr.strip() == f"train.py: {expected}", proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize(
+    "command, data_keys",
+    [(TRAIN, ["train_dataset.path", "valid_dataset.path"]),
+     (["sft.py", "--config", "configs/sft_warm_start.yaml"], ["train_dataset.path"])],  # fmt: skip
+)
+def test_a_malformed_row_is_one_line_before_the_imports(data, tmp_path, command, data_keys):
+    """-X importtime lists on stderr every module the command imported before its answer:
+    the row is judged before torch is among them. The bad row is in the last data file."""
+    rows = (data / "test_e.jsonl").read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([*rows[:2], rows[2].replace('"target": ', '"target": -'), *rows[3:]]) + "\n")
+    files = [f"{key}={data}/test_e.jsonl" for key in data_keys[:-1]] + [f"{data_keys[-1]}={bad}"]
+    proc = run("-X", "importtime", *command, *files)
+    assert proc.returncode == 2
+    *imports, line = proc.stderr.strip().splitlines()
+    assert line.startswith(f"{command[0]}: {bad}:3: "), proc.stderr[-2000:]
+    imported = {entry.rsplit("|", 1)[-1].strip() for entry in imports}
+    assert "countdown" in imported and not {"torch", "areal", "datasets"} & imported
+    assert all(entry.startswith("import time:") for entry in imports)
+
+
 # The ref model is loaded only for a KL penalty, so its path is checked only then.
 @pytest.mark.parametrize("key, more", [("actor.path", []), ("ref.path", ["actor.kl_ctl=0.1"])])
 def test_a_missing_model_folder_is_one_line(data, key, more):
