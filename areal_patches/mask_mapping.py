@@ -9,12 +9,16 @@ a mapping and hands each layer its entry; transformers' Llama decoder passes it 
 their first step on any Llama model (SmolLM2 among them). Upstream status: unchanged on AReaL's
 main as read for this project; not reported yet (docs/areal-bugs.md).
 
-The fix: in transformers' Llama module, `create_causal_mask` given such a mapping returns its
+The fix: transformers' `create_causal_mask`, given such a mapping, returns its
 `full_attention` entry, as Qwen2's decoder does. `None` there means what it means for Qwen2:
 the attention reads the sequences' bounds from `cu_seq_lens_q` (areal_patches/packed_sdpa.py
-for sdpa, the varlen kernel for flash-attention). Any other mask goes to the original function.
+for sdpa, the varlen kernel for flash-attention). Any other mask goes to the original
+function, and a decoder that takes the mapping itself (Qwen2) never passes it on. The
+function is replaced where transformers defines it, for the model modules imported later,
+and in the modules that imported it already (each holds its own reference).
 
-Effect: Llama trains; Qwen2 and every mask that is not a mapping are untouched
+Effect: Llama (and any decoder that hands its mask to `create_causal_mask`) trains; Qwen2
+and every mask that is not a mapping are untouched
 (tests/test_smollm2.py checks a packed batch's log-probs against unpacked forwards). Off:
 `install(mask_mapping=False)`.
 """
@@ -22,8 +26,6 @@ Effect: Llama trains; Qwen2 and every mask that is not a mapping are untouched
 from __future__ import annotations
 
 import functools
-
-MODEL_MODULES = ("transformers.models.llama.modeling_llama",)
 
 
 def takes_a_mapping(create_causal_mask):
@@ -41,9 +43,15 @@ def takes_a_mapping(create_causal_mask):
 
 
 def install() -> None:
-    import importlib
+    import sys
 
-    for name in MODEL_MODULES:
-        module = importlib.import_module(name)
-        if not getattr(module.create_causal_mask, "takes_a_mapping", False):
-            module.create_causal_mask = takes_a_mapping(module.create_causal_mask)
+    from transformers import masking_utils
+
+    original = masking_utils.create_causal_mask
+    if getattr(original, "takes_a_mapping", False):
+        return
+    wrapped = takes_a_mapping(original)
+    masking_utils.create_causal_mask = wrapped
+    for module in list(sys.modules.values()):  # __dict__: transformers' lazy modules import nothing
+        if getattr(module, "__dict__", {}).get("create_causal_mask") is original:
+            module.create_causal_mask = wrapped
