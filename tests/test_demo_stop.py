@@ -43,7 +43,7 @@ def test_a_stalled_run_stops_with_its_cause_first_and_shows_what_it_reached(star
     assert not [line for line in lines[:stop] if "Traceback" in line or "Error" in line], rest[-3000:]
 
     summary = next(line for line in lines if line.startswith("[demo] stopped ("))
-    match = re.search(rf"after \d+ s: (\d+) of 50 steps, .* eval pass@1 \S+ \(the step-(\d+) save\)", summary)
+    match = re.search(r"after \d+ s: (\d+) of 50 steps, .* eval pass@1 \S+ \(the step-(\d+) save\)", summary)
     assert summary.startswith(f"[demo] stopped (no step finished in {STALL_LIMIT} s)") and match, summary
     steps, saved = map(int, match.groups())
     assert steps >= demo.SAVE_EVERY and saved == steps // demo.SAVE_EVERY * demo.SAVE_EVERY, summary

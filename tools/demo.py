@@ -144,7 +144,7 @@ def evaluate_command(run_dir: Path, *options: str) -> list[str]:
 def held_out_pass_at_1(title: str, model: Path, data: Path, out_dir: Path, max_new_tokens: int) -> float:
     """evaluate.py's greedy pass@1 of `model` on the held-out puzzles `data`, at its default
     concurrency: on a CPU, batches of that size take less time than the whole set in one, and
-    the progress lines come as they finish (docs/results.md)."""
+    the progress lines come as they finish (docs/results/cpu-demo.md)."""
     run_step(title, [
         sys.executable, "evaluate.py", "--model", str(model), "--data", str(data), "--device", "cpu",
         "--max-new-tokens", str(max_new_tokens), "--out-dir", str(out_dir),
