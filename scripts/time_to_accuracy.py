@@ -3,7 +3,8 @@
     python3 -m scripts.time_to_accuracy --row A|B|C|D --init WARM_START --out OUT [--seconds 450]
         [--eval-seconds 60] [any scripts/learning_run.py option, e.g. --train-size 50000 or --set seed=2]
 
-Row C takes only `seed` of AReaL's `--set` overrides (TRL's seed, and with it TRL's data order).
+Row C takes only the `--set` overrides TRL maps (scripts/trl_row.py's KNOBS: `seed`, with it TRL's data
+order, `actor.gradient_checkpointing`, ...).
 
 Every row starts from the same warm start and trains on the same train and test files
 (countdown.py, seed 0), with the same reward, prompt, group size, puzzles per step, learning
@@ -192,10 +193,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
         "--eval-seconds", str(args.eval_seconds), "--grpo-seconds", str(args.seconds + STARTUP_ALLOWANCE_S),
         *ROWS[args.row].learning_run_args, *rest,
     ])  # fmt: skip
-    not_for_trl = [s for s in lr_args.set if preflight.key_of_override(s) != "seed"] if args.row == "C" else []
-    if not_for_trl:
-        parser.error(f"row C runs TRL: of AReaL's overrides it takes only seed; --set {' '.join(not_for_trl)} "
-                     "would not apply")
+    if args.row == "C":
+        from scripts.trl_row import KNOBS  # TRL only here: it need not be installed for rows A, B and D
+
+        not_for_trl = [s for s in lr_args.set if preflight.key_of_override(s) not in KNOBS]
+        if not_for_trl:
+            parser.error(f"row C runs TRL: of AReaL's overrides it takes only those it maps ({', '.join(KNOBS)}); "
+                         f"--set {' '.join(not_for_trl)} would not apply")
     return args, lr_args
 
 

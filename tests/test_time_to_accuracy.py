@@ -100,8 +100,10 @@ def test_rows_differ_only_as_issue_23_says(tmp_path, capsys):
     assert rows["A"]["grpo_seconds"] == 450 + tta.STARTUP_ALLOWANCE_S  # Deadline stops it at 450 s
     assert tta.parse_args(["--row", "C", *common, "--set", "seed=3"])[1].set == ["seed=3"]  # TRL's seed
     with pytest.raises(SystemExit):
-        tta.parse_args(["--row", "C", *common, "--set", "seed=3", "--set", "actor.optimizer.lr=1e-4"])
-    assert "of AReaL's overrides it takes only seed; --set actor.optimizer.lr=1e-4 would not apply" in capsys.readouterr().err
+        tta.parse_args(["--row", "C", *common, "--set", "seed=3", "--set", "rollout.max_concurrent_rollouts=8"])
+    assert "--set rollout.max_concurrent_rollouts=8 would not apply" in capsys.readouterr().err
+    mapped = ["--set", "actor.gradient_checkpointing=true"]  # a setting TRL takes over (trl_row.KNOBS)
+    assert tta.parse_args(["--row", "C", *common, *mapped])[1].set == ["actor.gradient_checkpointing=true"]
 
 
 def test_a_seed_other_than_the_configs_gets_its_own_row_file(tmp_path):
