@@ -29,7 +29,8 @@ for them.
 | `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
 | `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
 
-Each module's docstring says why and what was measured (docs/results/areal-fixes.md has the numbers).
+Each module's docstring says why and what was measured (docs/results/areal-fixes.md has the numbers),
+and ends with its upstream status on AReaL's main (docs/areal-bugs.md has them all).
 Nothing is patched on import: `train.py` and `sft.py` call `install()` from `main()`, and the
 single-controller workers run `python3 -m areal_patches.worker` (train_config.yaml's
 `actor.scheduling_spec.cmd`), which installs them before AReaL's RPC server starts; on Ray,

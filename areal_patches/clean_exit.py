@@ -5,7 +5,7 @@ Upstream behaviour (areal 1.0.4): the controller's `LocalScheduler` deletes its 
 in its constructor (a worker that cannot be configured, a server that does not start),
 `close()` never runs: the workers are left to `__del__`, which runs during interpreter
 shutdown and starts threads there, and `Thread.start` then waits forever. The controller
-printed its error and hung (the issue's 240 s; here over 200 s after a SIGINT, in
+printed its error and hung (over 200 s after a SIGINT, in
 `LocalScheduler._cleanup_workers`); another run exited and left both workers running.
 SIGTERM kills the controller without any clean-up at all.
 
@@ -21,6 +21,9 @@ it would stop is left.
 
 Off: `areal_patches.install(clean_exit=False)` leaves `__del__` as it is; `no_process_left`
 is the project's own policy (the run's processes end with it) and has no switch.
+
+Upstream: `LocalScheduler.__del__` unchanged on AReaL's main as of cbff54d (2026-08-22) and in
+the v2.0.0 tag; not reported.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ the dataclass), or the key and the value that does not fit, before any process s
 late (the demo, the learning runs).
 
 Off: call AReaL's `load_expr_config` instead.
+
+Upstream: `load_expr_config` unchanged on AReaL's main as of cbff54d (2026-08-22) and in the
+v2.0.0 tag; not reported.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ Where and how to turn it off: only CPU runs apply it, through dev_server/sglang_
 launcher process is AReaL's own `__main__`, so nothing of the project runs there earlier. GPU
 machines use `CudaPlatform` and never reach this; a run without the seam on PYTHONPATH has
 AReaL's behaviour.
+
+Upstream: `CpuPlatform.device_control_env_var` is still empty on AReaL's main as of cbff54d
+(2026-08-22) and in the v2.0.0 tag, and the local launcher still prefixes jobs with it; AReaL
+issue #1002 (closed) reported related CPU-platform problems of the local scheduler, not this
+launcher path.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ with train.py on CPU (docs/results/areal-fixes.md, "What seed meant"): before, s
 puzzles at each step; after, they draw different ones, and a seed repeats its own.
 
 Off: `areal_patches.install(data_seed=False)`.
+
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag; not
+reported.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ PPO, Schulman et al. 2017). The measured effect: docs/results/goal-65.md ("An en
 
 Off: `actor.entropy_coef: 0` (train_config.yaml ships it) leaves AReaL's loss untouched;
 `areal_patches.install(entropy_bonus=False)` removes the option.
+
+Upstream: AReaL has no entropy term on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0
+tag; open PR #1680 proposes one (`actor.entropy_coeff`).
 """
 
 from __future__ import annotations

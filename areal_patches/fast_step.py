@@ -43,6 +43,14 @@ at the cost of each such layer's activation memory (docs/results/throughput.md, 
 `main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in AReaL's RPC workers.
 Compilation only happens for models on CUDA (the CPU demo and tests run uncompiled);
 `TORCHDYNAMO_DISABLE=1` turns it off.
+
+Upstream: breaks on areal's v2.0.0 tag and main. Since bbc10f0 (PR #1454)
+`PPOActor.compute_advantages` calls `_compute_advantages(data, meta)`, and the replacement here
+takes no `meta`, so the first step raises TypeError. On main, two replaced engine methods also
+changed (`_prepare_mb_inputs` drops `turn_ids` since 74c6334, PR #1600; the log-prob calls pass
+`actor.logprobs_chunk_size` since ea306c9, PR #1555), which the replacements would silently
+undo. Port this module before moving to a newer areal. The costs it removes are still in AReaL's
+step on main as of cbff54d (2026-08-22) (GAE is still a loop over positions); not reported.
 """
 
 from __future__ import annotations

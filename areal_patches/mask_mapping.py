@@ -6,8 +6,7 @@ attention type, for every model but Qwen3-MoE, Qwen3-VL and Qwen3.5. Qwen2's dec
 a mapping and hands each layer its entry; transformers' Llama decoder passes it on to
 `create_causal_mask`, which fails on the first forward with
 `AttributeError: 'dict' object has no attribute 'ndim'`. So `sft.py` and `train.py` stop at
-their first step on any Llama model (SmolLM2 among them). Upstream status: unchanged on AReaL's
-main as read for this project; not reported yet (docs/areal-bugs.md).
+their first step on any Llama model (SmolLM2 among them).
 
 The fix: transformers' `create_causal_mask`, given such a mapping, returns its
 `full_attention` entry, as Qwen2's decoder does. `None` there means what it means for Qwen2:
@@ -21,6 +20,9 @@ Effect: Llama (and any decoder that hands its mask to `create_causal_mask`) trai
 and every mask that is not a mapping are untouched
 (tests/test_smollm2.py checks a packed batch's log-probs against unpacked forwards). Off:
 `install(mask_mapping=False)`.
+
+Upstream: reported as AReaL issue #1557 (closed as stale, not fixed); unchanged on AReaL's main
+as of cbff54d (2026-08-22) and in the v2.0.0 tag.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ model's own key/value heads (grouped-query attention) instead of copies repeated
 head. It trusts what AReaL guarantees and transformers' flash_attention_2 path trusts too:
 `cu_seq_lens_q` ends at the row's length, because `areal.utils.data.pad_packed_tensor_dict`
 pads a micro-batch by appending one more sequence (tests/test_packed_logp.py checks this).
+
+Upstream: reported as AReaL issue #1442 (closed as stale, not fixed); unchanged on AReaL's main
+as of cbff54d (2026-08-22) and in the v2.0.0 tag.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ The measured effect: docs/results/goal-65.md ("Pass@k advantages").
 
 Off: `actor.pass_at_k: 1` (train_config.yaml ships it) keeps AReaL's `reward_norm`;
 `areal_patches.install(pass_at_k=False)` removes the option.
+
+Upstream: AReaL has no pass@k advantage on AReaL's main as of cbff54d (2026-08-22) and in the
+v2.0.0 tag (main adds grouped reward-normalisation controls and variable-size groups, PRs #1516
+and #1454); not proposed upstream.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ on the trainer's clock (`timeperf/update_weights`); what changes is how long the
 paused, which their own logs show (docs/results/areal-fixes.md, "Generation paused for the load only").
 
 Off: `areal_patches.install(pause_at_load=False)`.
+
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag (the push
+still pauses before the save); not reported.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ demos started together on CPU (docs/results/areal-fixes.md, "Two runs with one s
 machine").
 
 Off: `areal_patches.install(port_draw=False)`.
+
+Upstream: `find_free_ports` still draws from the module-level `random` on AReaL's main as of
+cbff54d (2026-08-22) and in the v2.0.0 tag (PR #1436 changed only its range check); not
+reported.
 """
 
 from __future__ import annotations

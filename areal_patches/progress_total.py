@@ -10,6 +10,9 @@ of the spec changes; the learning-rate schedule, saver, evaluator and recover ha
 AReaL's.
 
 Off: `areal_patches.install(progress_total=False)`.
+
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag; not
+reported.
 """
 
 from __future__ import annotations

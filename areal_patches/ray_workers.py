@@ -22,6 +22,13 @@ Before connecting, `install` checks that something answers at the address RAY_AD
 Upstream, `ray.init()` with an unreachable RAY_ADDRESS retries the connection for many
 minutes, printing one GCS time-out after another; here the run stops at once with one line
 that names RAY_ADDRESS (docs/areal-bugs.md).
+
+Upstream: the cause is gone on main since 59c1043 (PR #1441), after the v2.0.0 tag and in no
+release on PyPI: the Ray-native scheduler and its `RayRPCServer` actors were replaced by an HTTP
+Ray scheduler that starts each worker with `scheduling_spec.cmd`, so `areal_patches.worker`
+installs the fixes there as under the other schedulers. Drop the setup hook once an areal
+release ships #1441; the RAY_ADDRESS check is about Ray's own `ray.init()` and not AReaL's to
+fix.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ a late callback is answered 200 and resolves nothing. Everything else in `destro
 upstream, in its order.
 
 Off: `areal_patches.install(rollout_shutdown=False)`.
+
+Upstream: `RolloutController.destroy` unchanged on AReaL's main as of cbff54d (2026-08-22) and
+in the v2.0.0 tag; not reported.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ showed, and a CPU check where the overlap did not occur: docs/results/areal-fixe
 scalars").
 
 Off: `areal_patches.install(rollout_stats=False)`.
+
+Upstream: `PPOTrainer._export_and_commit_stats` unchanged on AReaL's main as of cbff54d
+(2026-08-22) and in the v2.0.0 tag; not reported (AReaL issue #1477, fixed by PR #1478,
+concerned the v2 rollout controller's export, not this merge).
 """
 
 from __future__ import annotations

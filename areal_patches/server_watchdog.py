@@ -13,6 +13,10 @@ server and what to do, stops every process it started (workers, servers) and exi
 status 1; the last recover checkpoint is on disk, so the same command resumes.
 
 Off: `CountDownConfig.server_health_grace=0` (train.py passes it as `grace`).
+
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag: nothing
+watches a server once it has answered (PR #1545 covers a server that dies at start only); not
+reported.
 """
 
 from __future__ import annotations

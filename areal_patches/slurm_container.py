@@ -12,6 +12,10 @@ Effect: each job's sbatch script is written with its own spec's `container_type`
 `container_type: none` runs the worker command as it is, `apptainer` (the default) as before.
 
 Off: `install(slurm_container=False)`.
+
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag (the
+trainers still build `SlurmScheduler(exp_config=...)` with the constructor's container
+defaults); not reported.
 """
 
 from __future__ import annotations

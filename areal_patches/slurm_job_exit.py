@@ -14,6 +14,12 @@ Slurm marks it FAILED, and AReaL's own status check ends the wait within seconds
 docs/results/areal-fixes.md ("The single controller on Slurm") has the measurement.
 
 Off: `install(slurm_job_exit=False)`.
+
+Upstream: the long wait is fixed on main in e786869 (PR #1583: every terminal job state,
+COMPLETED included, ends the wait with `WorkerFailedError` and the log tail), after the v2.0.0
+tag and in no release on PyPI. The job script there is still a pipeline without `pipefail`, so
+such a job still ends COMPLETED rather than FAILED. Drop this fix once an areal release ships
+#1583.
 """
 
 from __future__ import annotations

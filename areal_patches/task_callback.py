@@ -13,6 +13,9 @@ every result written), but a traceback at the end of a good run sends users look
 Effect: the callback resolves the future only if it is still pending; nothing else changes.
 
 Off: `areal_patches.install(task_callback=False)`.
+
+Upstream: `RolloutController._resolve_task_future` unchanged on AReaL's main as of cbff54d
+(2026-08-22) and in the v2.0.0 tag; not reported.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ skips the key ("Unable to verify login in offline mode"); the run then writes it
 uploads later. Online runs and their login are AReaL's.
 
 Off: `areal_patches.install(wandb_offline=False)`.
+
+Upstream: `StatsLogger.init` unchanged on AReaL's main as of cbff54d (2026-08-22) and in the
+v2.0.0 tag (`wandb.login()` for every mode but disabled); not reported.
 """
 
 from __future__ import annotations

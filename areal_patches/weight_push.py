@@ -14,6 +14,9 @@ only this one) poll every 20 ms. `areal_patches.install()` applies it: train.py'
 `main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in the single-controller
 workers. A missing record
 costs one file lookup per poll; the timeout is unchanged.
+
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag (`wait`
+still polls once a second by default); not reported.
 """
 
 from __future__ import annotations
