@@ -9,7 +9,6 @@ for them.
 | `weight_push` | the rollout client polls for new weights once a second during a disk push | the push stops idling a second per step | `install(weight_push=False)` |
 | `pause_at_load` | a disk push pauses generation before the trainer saves the new weights, so the servers sit idle through the save | the servers pause only for the load; they go on with their rollouts while the folder is written | `install(pause_at_load=False)` |
 | `fast_save` | each push (and Hugging Face save) gathers the weights into pageable host memory in float32 and casts them on the CPU | cast on the GPU, one copy into reused pinned memory; the same files | `install(fast_save=False)` |
-| `push_cleanup` | every disk push writes a new `weight_update_v<N>` folder and none is ever removed: the disk fills | older push folders are removed once the servers have loaded a newer one | `install(push_cleanup=False)` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `install(fast_step=False)`; `TORCHDYNAMO_DISABLE=1` for compilation only |
 | `server_start` | a server that dies at start is waited for `setup_timeout` (300 s) | the wait ends when the server process does, naming it | `install(server_start=False)` |
 | `clean_exit` | single controller: a failed start leaves workers to a finalizer that hangs; SIGTERM skips clean-up | every exit stops the run's processes, without hanging; a clean-up that a SIGTERM leaves stuck ends after a grace period | `install(clean_exit=False)` |
@@ -61,7 +60,6 @@ def install(
     mask_mapping: bool = True,
     wandb_offline: bool = True,
     fast_save: bool = True,
-    push_cleanup: bool = True,
 ) -> None:
     """Apply the chosen fixes in this process (each is idempotent). `server_watchdog` is not a
     patch but a thread: train.py starts it once the trainer exists."""
@@ -77,7 +75,6 @@ def install(
     from areal_patches import pause_at_load as pause_at_load_module
     from areal_patches import port_draw as port_draw_module
     from areal_patches import progress_total as progress_total_module
-    from areal_patches import push_cleanup as push_cleanup_module
     from areal_patches import rollout_shutdown as rollout_shutdown_module
     from areal_patches import rollout_stats as rollout_stats_module
     from areal_patches import server_start as server_start_module
@@ -97,8 +94,6 @@ def install(
         pause_at_load_module.install()
     if fast_save:
         fast_save_module.install()
-    if push_cleanup:
-        push_cleanup_module.install()
     if fast_step:
         fast_step_module.install()
     if server_start:

@@ -1,13 +1,10 @@
-"""fast_save.py writes the same folder as AReaL's `_save_model_to_hf`; push_cleanup.py removes
-only older push folders. The save runs as the only rank of its own process (`single_rank`):
-AReaL's engine initialises torch.distributed (gloo, CPU) there."""
+"""fast_save.py writes the same folder as AReaL's `_save_model_to_hf`. The saves run as the only
+rank of their own process (`single_rank`): AReaL's engine initialises torch.distributed (gloo,
+CPU) there."""
 
 import filecmp
-from pathlib import Path
 
 import pytest
-
-from areal_patches.push_cleanup import older_push_folders
 
 SCRIPT = r"""
 import json, sys
@@ -51,11 +48,3 @@ def test_fast_save_writes_the_same_files_as_areal(single_rank, tiny_model_dir, t
         for name in names:
             assert filecmp.cmp(upstream / name, tmp_path / other / name, shallow=False), (other, name)
 
-
-def test_older_push_folders_are_only_older_versions_of_a_push(tmp_path: Path):
-    for name in ["weight_update_v1", "weight_update_v2", "weight_update_v10", "weight_update_v3",
-                 "weight_update", "weight_update_v3x", "checkpoints"]:
-        (tmp_path / name).mkdir()
-    older = older_push_folders(str(tmp_path), 3)
-    assert older == [str(tmp_path / "weight_update_v1"), str(tmp_path / "weight_update_v2")]
-    assert older_push_folders(str(tmp_path / "missing"), 3) == []
