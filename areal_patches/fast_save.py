@@ -15,6 +15,9 @@ tokenizer and the barrier are upstream's. The folder holds the same bytes
 process: the size of the model in its compute dtype, on rank 0.
 
 Off: `areal_patches.install(fast_save=False)`.
+
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) (`cpu_offload=True`, the cast on
+the host); not reported.
 """
 
 from __future__ import annotations
