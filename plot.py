@@ -13,7 +13,7 @@ and greedy for the held-out puzzles in this project's configs, which is why the 
 success sits below the held-out one. The success-by-number-count panel is drawn only when
 the run logged more than one number count.
 
-`--compare` draws the rows written by scripts/time_to_accuracy.py in one panel: held-out
+`--compare` draws the rows written by experiments/time_to_accuracy.py in one panel: held-out
 pass@1 against seconds of training since the first rollout, one line per row (its points,
 then its final evaluation), with the row's steps per minute in the legend. When a row C (TRL)
 is among them, it also prints how soon each row reaches C's final pass@1.
@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 if __name__ == "__main__":  # the wrong Python costs one line, not a traceback
-    from launch import preflight
+    from devkit.launch import preflight
 
     preflight.require_modules("plot.py", ("matplotlib", "tensorboard"))
 
@@ -320,7 +320,7 @@ ROW_FIELDS = ("row", "description", "device", "date", "steps_per_minute", "point
 
 
 def read_row(path: Path) -> dict:
-    """A row file of scripts/time_to_accuracy.py; ValueError naming the file when it cannot be
+    """A row file of experiments/time_to_accuracy.py; ValueError naming the file when it cannot be
     read, is not JSON or lacks a field the figure and the table use."""
     try:
         row = json.loads(path.read_text())
@@ -328,10 +328,10 @@ def read_row(path: Path) -> dict:
         raise ValueError(f"cannot read a row: {e}") from e
     except ValueError as e:
         raise ValueError(f"{path}: not a JSON row file ({e}); write it again with "
-                         "python3 -m scripts.time_to_accuracy") from e  # fmt: skip
+                         "python3 -m experiments.time_to_accuracy") from e  # fmt: skip
     missing = [field for field in ROW_FIELDS if not isinstance(row, dict) or field not in row]
     if missing:
-        raise ValueError(f"{path}: not a row of scripts/time_to_accuracy.py (no {', '.join(missing)})")
+        raise ValueError(f"{path}: not a row of experiments/time_to_accuracy.py (no {', '.join(missing)})")
     return row
 
 
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, nargs="?", help="folder of one run's TensorBoard event files")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="ROW_JSON",
-                        help="row files of scripts/time_to_accuracy.py, drawn in one figure")
+                        help="row files of experiments/time_to_accuracy.py, drawn in one figure")
     parser.add_argument("--before", type=float, metavar="PASS_AT_1",
                         help="held-out pass@1 before training (e.g. the CPU demo's warm start), drawn as a line")
     parser.add_argument("--config", type=Path, metavar="CONFIG_YAML",

@@ -24,7 +24,7 @@ non-recursive (shunting-yard); every scan is a linear str method or a regex made
 of a single character class, so there is no backtracking; and the answer length cap
 bounds the parser's work and the size of every intermediate integer. A realistic
 completion is scored in about 10 us, a 10 MB adversarial one in a few ms
-(bench/bench_reward.py), and `compute_score` never raises because of the
+(experiments/bench/bench_reward.py), and `compute_score` never raises because of the
 completion. A malformed `ground_truth` is a data or programming error and raises
 ValueError instead of being scored as a wrong answer.
 """

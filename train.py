@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 if __name__ == "__main__":  # a mistake costs one line, not the slow imports below
-    from launch import preflight
+    from devkit.launch import preflight
 
     preflight.check_trainer_command("train.py", sys.argv[1:], ("train_dataset.path", "valid_dataset.path"))
 
@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerFast
 import areal_patches
 import countdown
 from areal_patches import clean_exit, config_errors, ray_workers, server_watchdog
-from launch import preflight
+from devkit.launch import preflight
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, PPOActorConfig

@@ -24,7 +24,7 @@ for them.
 | `callback_pool` | single controller: a rollout worker posts its completion callbacks from the 4-thread pool its weight load runs in, to a single-threaded server that a push keeps busy until that load ends; rollouts finishing during a push stall it until their posts time out (30 s), each logged as a failed callback | the posts have a pool of their own; the load never waits behind them | `install(callback_pool=False)` |
 | `wandb_offline` | `stats_logger.wandb.mode=offline` still calls `wandb.login()`, which fails without an API key (`UsageError`) before the first step | offline runs need no account or network; their folder is for `wandb sync` later | `install(wandb_offline=False)` |
 | `server_watchdog` | single controller: a server that dies mid-run makes the run retry forever | the run stops within a grace period with one line naming the server | `server_health_grace=0` |
-| `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: dev_server/sglang_seam applies it in CPU runs |
+| `cpu_platform` | CPU-only machines: the local launcher's job commands start with `=0` | the launchers run on CPU | not installed by `install()`: devkit/dev_server/sglang_seam applies it in CPU runs |
 | `ray_workers` | `scheduler.type=ray`: the workers are AReaL's Ray actors, which never run `scheduling_spec.cmd`, so none of the fixes reach them | every Ray worker installs them at start (Ray's setup hook) | not installed by `install()`: `train.py` and `sft.py` call `ray_workers.install(config.scheduler.type)`; leave the call out |
 
 Each module's docstring says why and what was measured (docs/results/areal-fixes.md has the numbers).

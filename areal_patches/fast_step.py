@@ -1,6 +1,6 @@
 """Make areal 1.0.4's FSDP training step faster on GPUs, without changing what it computes.
 
-Why this module exists: bench/gpu/train_step.py --profile charges every kernel of a GRPO step
+Why this module exists: experiments/bench/gpu/train_step.py --profile charges every kernel of a GRPO step
 of the FSDPPPOActor, and every gap in which the GPU waited, to the part of AReaL's step that
 launched it. Seven costs there were not the model's own work (docs/results/throughput.md):
 

@@ -1,18 +1,18 @@
 """The CPU demo: a tiny model trained on Countdown, warm start then GRPO, on a laptop-class
 machine, no GPU, no downloads.
 
-    python3 -m tools.demo [--quick] [--seed N] [--launcher single|single-ray|single-slurm|local|ray|slurm]   (`make demo`)
+    python3 -m devkit.demo [--quick] [--seed N] [--launcher single|single-ray|single-slurm|local|ray|slurm]   (`make demo`)
 
 By default (what it takes and what it reaches: docs/results/cpu-demo.md, "The CPU demo learns"):
 
 1. puzzles: two numbers from 1-50 and a target from 1-100 (countdown.py), 2,300 to train
    on and 500 held out;
 2. a 1.4M-parameter Qwen2-architecture model from random weights, with the project's own
-   tokenizer (tools/make_tiny_model.py --preset demo);
+   tokenizer (devkit/make_tiny_model.py --preset demo);
 3. a warm start: sft.py (AReaL's SFTTrainer) on the reference solutions, as
-   scripts/learning_run.py's sft phase runs it (`SFT`);
+   experiments/learning_run.py's sft phase runs it (`SFT`);
 4. the warm start's held-out pass@1 (evaluate.py, greedy);
-5. GRPO: the command a user runs, with the CPU overrides of `launch.training.cpu_overrides`,
+5. GRPO: the command a user runs, with the CPU overrides of `devkit.launch.training.cpu_overrides`,
    the demo's learning settings (`LEARN`) and any given after the options:
 
     single  python3 train.py --config train_config.yaml scheduler.type=local ...   (default)
@@ -24,7 +24,7 @@ By default (what it takes and what it reaches: docs/results/cpu-demo.md, "The CP
 
 AReaL evaluates the held-out puzzles every 25 steps and the run saves the model every 5;
 each step shows its reward and the time left, and after the first steps one line gives the
-run's expected time on this machine (launch/progress.py). The run ends with curves.png and
+run's expected time on this machine (devkit/launch/progress.py). The run ends with curves.png and
 "held-out pass@1 X% -> Y%" (the warm start, then the trained model's last evaluation).
 
 The time limit guards against a hang, it is no budget: the training stops only when no step
@@ -38,7 +38,7 @@ steps: every part of the loop runs, nothing is learnt (its reward stays near zer
 tests use it.
 
 AReaL starts everything itself (RPC workers, rollout server, trainer). The one difference
-from a GPU machine is dev_server/sglang_seam on PYTHONPATH: the rollout server AReaL starts is
+from a GPU machine is devkit/dev_server/sglang_seam on PYTHONPATH: the rollout server AReaL starts is
 the dev server instead of SGLang.
 """
 
@@ -55,10 +55,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import countdown
-from launch import preflight
-from launch.progress import StepWatch
-from launch.training import (CPU_BATCH_SIZE, LAUNCHERS, ROOT, cpu_overrides, latest_checkpoint, run_sft,
-                             run_user_command, saved_global_step, sigterm_as_interrupt)
+from devkit.launch import config_errors, preflight
+from devkit.launch.progress import StepWatch
+from devkit import ROOT
+from devkit.launch.training import (CPU_BATCH_SIZE, LAUNCHERS, cpu_overrides, latest_checkpoint, run_sft,
+                                    run_user_command, saved_global_step, sigterm_as_interrupt)
 
 PUZZLES = ["--min-numbers", "2", "--max-numbers", "2", "--num-max", "50", "--target-min", "1", "--target-max", "100"]
 TRAIN_PUZZLES, HELD_OUT = 2300, 500
@@ -156,7 +157,7 @@ def warm_start(run_dir: Path, data_dir: Path, model_dir: Path, seed: int) -> tup
     """Steps 1-4 of the docstring: the warm-started model and its held-out pass@1."""
     run_step("1/5 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir), *PUZZLES,
                              "--train-size", str(TRAIN_PUZZLES), "--test-size", str(HELD_OUT)])  # fmt: skip
-    run_step("2/5 tiny model", [sys.executable, "-m", "tools.make_tiny_model", "--out", str(model_dir),
+    run_step("2/5 tiny model", [sys.executable, "-m", "devkit.make_tiny_model", "--out", str(model_dir),
                                 "--preset", "demo", "--seed", str(seed)])  # fmt: skip
     print(f"[demo] 3/5 warm start: sft.py on the reference solutions (log: {run_dir / 'sft.log'})", flush=True)
     sft_overrides = [f"actor.path={model_dir}", f"train_dataset.path={data_dir / countdown.TRAIN_FILE}", *SFT]
@@ -201,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         "what it reached (default %(default)g: no limit)")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for train.py, applied last")
     args = parser.parse_args(argv)
-    if problem := preflight.config_override_problem(args.overrides, str(ROOT / "train_config.yaml"),
-                                                  "train:CountDownConfig"):
+    if problem := config_errors.config_override_problem(args.overrides, str(ROOT / "train_config.yaml"),
+                                                       "train:CountDownConfig"):
         parser.error(problem)
     # The trainer runs in a session of its own: `kill` or `timeout` must stop the demo the way
     # Ctrl-C does, through the clean-up that stops the trainer's processes too.
@@ -224,7 +225,7 @@ def run_demo(args: argparse.Namespace) -> int:
         # One epoch is the whole run: AReaL counts its progress ("Train step 1/N") in epochs.
         run_step("1/3 puzzles", [sys.executable, "countdown.py", "--out-dir", str(data_dir),
                                  "--train-size", str(steps * CPU_BATCH_SIZE), "--test-size", "32"])  # fmt: skip
-        run_step("2/3 tiny model", [sys.executable, "-m", "tools.make_tiny_model",
+        run_step("2/3 tiny model", [sys.executable, "-m", "devkit.make_tiny_model",
                                     "--out", str(model_dir), "--preset", "tiny", "--seed", str(args.seed)])  # fmt: skip
         model = model_dir
     else:

@@ -1,6 +1,6 @@
 """Import-only stand-ins for packages AReaL imports but a single-process run never calls.
 
-    python3 scripts/import_stubs.py DIR     # then put DIR first on PYTHONPATH
+    python3 devkit/import_stubs.py DIR     # then put DIR first on PYTHONPATH
 
 Why: the GPU machine has no network and takes packages only as wheels of at most 64 MiB
 per call. `import areal` imports ray (a 79 MB wheel), wandb, swanlab and trackio at module
@@ -16,7 +16,7 @@ from pathlib import Path
 
 STUBBED = ["ray", "wandb", "swanlab", "trackio"]
 
-STUB_SOURCE = '''"""Import-only stand-in written by scripts/import_stubs.py; see that file."""
+STUB_SOURCE = '''"""Import-only stand-in written by devkit/import_stubs.py; see that file."""
 import importlib.abc
 import importlib.machinery
 import sys

@@ -1,6 +1,6 @@
 """Build a small, randomly initialised Qwen2-style model with a project-trained tokenizer.
 
-    python3 -m tools.make_tiny_model --out models/tiny-qwen2 [--preset tiny|demo|small|medium] [--seed 0]
+    python3 -m devkit.make_tiny_model --out models/tiny-qwen2 [--preset tiny|demo|small|medium] [--seed 0]
 
 Nothing is downloaded. The output is an ordinary Hugging Face folder (config.json,
 model.safetensors, generation_config.json, tokenizer.json, tokenizer_config.json with

@@ -1,6 +1,6 @@
 """Which steps of a run's `curves.csv` log rollout scalars that no one set of episodes gives.
 
-    python3 -m scripts.rollout_scalars_check runs/learn/*/curves.csv
+    python3 -m devkit.rollout_scalars_check runs/learn/*/curves.csv
 
 Why: AReaL logs each per-episode scalar as a mean and drops its count, so a step that mixed
 two sets of episodes (what `areal_patches/rollout_stats.py` fixes) looks like any other. Its

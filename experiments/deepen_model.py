@@ -1,6 +1,6 @@
 """Deepen a Qwen2 checkpoint with identity blocks: the same model, at a deeper model's cost.
 
-    python3 -m tools.deepen_model --src runs/learn/plain/warm_start --out runs/learn/deep24 --layers 24
+    python3 -m experiments.deepen_model --src runs/learn/plain/warm_start --out runs/learn/deep24 --layers 24
 
 Why: issue 23 asks which stack reaches an accuracy sooner, and the answer depends on how much
 of a step is generation. The project's warm start has 8 layers, where decoding is cheap; a
@@ -14,7 +14,7 @@ LLaMA Pro, Wu et al. 2024). Training moves the zero projections at once (their g
 not zero), and the rest of each copy once they have moved.
 
 The tokenizer, chat template and generation config are copied unchanged; the folder is
-written atomically, like tools/make_tiny_model.py's.
+written atomically, like devkit/make_tiny_model.py's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tools.make_tiny_model import write_folder_atomically
+from devkit.make_tiny_model import write_folder_atomically
 
 # In a copy these are zero, so that attention and MLP each add nothing to the residual stream.
 ZEROED_IN_COPIES = ("self_attn.o_proj.weight", "mlp.down_proj.weight")

@@ -1,10 +1,10 @@
 """The learning experiment of docs/results/learning.md, one phase per command.
 
-    python3 -m scripts.learning_run sft  --work runs/learn --out OUT    # data, model, warm start
-    python3 -m scripts.learning_run grpo --work runs/learn --out OUT    # eval, GRPO, eval
+    python3 -m experiments.learning_run sft  --work runs/learn --out OUT    # data, model, warm start
+    python3 -m experiments.learning_run grpo --work runs/learn --out OUT    # eval, GRPO, eval
 
 Phase `sft` builds 3-4 number puzzles (countdown.py), a ~25M-parameter Qwen2-architecture
-model from random weights with the project's tokenizer (tools/make_tiny_model.py --preset
+model from random weights with the project's tokenizer (devkit/make_tiny_model.py --preset
 small), and warm-starts it with supervised fine-tuning on the reference solutions (sft.py,
 AReaL's SFTTrainer). The final checkpoint is copied to WORK/warm_start, with
 warm_start.json recording how it was made; with --init and --sft-data it fine-tunes that
@@ -43,10 +43,10 @@ from pathlib import Path
 import yaml
 
 import countdown
-from dev_server.client import http_json, serve
-from launch import preflight, training
+from devkit import ROOT
+from devkit.dev_server.client import http_json, serve
+from devkit.launch import config_errors, preflight, training
 
-ROOT = Path(__file__).resolve().parent.parent
 START = time.time()
 
 
@@ -87,7 +87,7 @@ def sft_phase(args: argparse.Namespace) -> None:
     make_data(args)
     model, fileroot = (args.init or args.work / "model").resolve(), args.work / "sft"
     if args.init is None:
-        run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset", args.preset])
+        run([sys.executable, "-m", "devkit.make_tiny_model", "--out", str(model), "--preset", args.preset])
     train_dataset = (args.sft_data or train_file(args)).resolve()
     overrides = [
         f"actor.path={model}", f"train_dataset.path={train_dataset}",
@@ -354,7 +354,7 @@ def copy_outputs(work: Path, out: Path) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line; scripts/time_to_accuracy.py builds its rows' settings with it too."""
+    """The command line; experiments/time_to_accuracy.py builds its rows' settings with it too."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("phase", choices=["sft", "grpo"])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learn")
@@ -366,7 +366,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
-                        help="the dev server's decoder (auto: CUDA graphs on a GPU; see dev_server/)")
+                        help="the dev server's decoder (auto: CUDA graphs on a GPU; see devkit/dev_server/)")
     parser.add_argument("--train-size", type=int, default=250_000)
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--train-numbers", type=int, choices=[3, 4],
@@ -421,7 +421,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--set", args.set, "train_config.yaml", "train:CountDownConfig"),
         ("--sft-set", args.sft_set, "configs/sft_warm_start.yaml", "sft:WarmStartConfig"),
     ):
-        if problem := preflight.config_override_problem(overrides, str(ROOT / config), config_class):
+        if problem := config_errors.config_override_problem(overrides, str(ROOT / config), config_class):
             parser.error(f"{option}: {problem}")
     args.work = args.work.resolve()
     return args

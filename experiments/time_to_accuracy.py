@@ -1,28 +1,28 @@
 """Time to accuracy (issue 23): held-out pass@1 against seconds of training, one row per device call.
 
-    python3 -m scripts.time_to_accuracy --row A|B|C|D --init WARM_START --out OUT [--seconds 450]
-        [--eval-seconds 60] [any scripts/learning_run.py option, e.g. --train-size 50000 or --set seed=2]
+    python3 -m experiments.time_to_accuracy --row A|B|C|D --init WARM_START --out OUT [--seconds 450]
+        [--eval-seconds 60] [any experiments/learning_run.py option, e.g. --train-size 50000 or --set seed=2]
 
 Row C takes only `seed` of AReaL's `--set` overrides (TRL's seed, and with it TRL's data order).
 
 Every row starts from the same warm start and trains on the same train and test files
 (countdown.py, seed 0), with the same reward, prompt, group size, puzzles per step, learning
-rate and max new tokens (scripts/learning_run.py's settings), on one GPU:
+rate and max new tokens (experiments/learning_run.py's settings), on one GPU:
 
   A  this example, asynchronous (rollouts up to 2 versions ahead, as train_config.yaml ships),
      the dev server decoding with transformers (--decoder hf)
   B  A, synchronous (rollout.max_head_offpolicyness=0)
-  C  TRL's GRPOTrainer, generating with its own model.generate (scripts/trl_row.py)
+  C  TRL's GRPOTrainer, generating with its own model.generate (experiments/trl_row.py)
   D  A with the dev server's CUDA-graph decoder (--decoder static)
 
 The clock starts at the first rollout; each row trains for --seconds of it. Held-out pass@1
 (greedy, the test file's puzzles) is measured before training (evaluate.py for A, B and D,
-scripts/trl_row.py's callback for C), about every --eval-seconds during training (AReaL's
+experiments/trl_row.py's callback for C), about every --eval-seconds during training (AReaL's
 evaluator.freq_secs; the callback for C) and at the end (evaluate.py on the weights the dev
 server holds; the callback for C). Evaluations run on the clock, as they do in a real run; a
 point is dated when its evaluation begins, and each row records its evaluations' total.
 
-For A, B and D this is scripts/learning_run.py's grpo phase, with one addition: `Deadline`
+For A, B and D this is experiments/learning_run.py's grpo phase, with one addition: `Deadline`
 stops the trainer --seconds after its first rollout, which it dates from the first step's
 TensorBoard scalars (their wall time less the step's timed sections, timeperf/*). The
 trainer's start-up (imports, model, data) is not on the clock.
@@ -52,10 +52,9 @@ from pathlib import Path
 import yaml
 
 import plot
-from launch import preflight
-from scripts import learning_run
-
-ROOT = Path(__file__).resolve().parent.parent
+from devkit import ROOT
+from devkit.launch import preflight
+from experiments import learning_run
 
 POLL_S = 2.0  # how often Deadline looks for the first step's scalars
 STARTUP_ALLOWANCE_S = 90  # A, B, D: the trainer's own limit is --seconds + this, should Deadline see no step
@@ -93,7 +92,7 @@ def first_rollout(run: plot.Run) -> float | None:
 class Deadline:
     """Sets `stop` `seconds` after the trainer's first rollout, read from its TensorBoard files.
 
-    scripts/learning_run.py's trainer ends when `stop` is set; it sets `stop` itself when the
+    experiments/learning_run.py's trainer ends when `stop` is set; it sets `stop` itself when the
     trainer ends first, which ends the watch.
     """
 
@@ -175,7 +174,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
     """This script's options, and the row's learning_run settings (its defaults, the row's
     changes, then any learning_run option given here)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Other options go to "
-                                     "scripts/learning_run.py's grpo phase (see its --help).")  # fmt: skip
+                                     "experiments/learning_run.py's grpo phase (see its --help).")  # fmt: skip
     parser.add_argument("--row", choices=sorted(ROWS), required=True)
     parser.add_argument("--init", type=Path, required=True, help="the warm-started model folder")
     parser.add_argument("--out", type=Path, required=True, help="row_<X>.json (and A, B, D's logs) go here")
@@ -202,7 +201,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
 def run_row(args: argparse.Namespace, lr_args: argparse.Namespace, command: str) -> dict:
     learning_run.make_data(lr_args)
     if args.row == "C":
-        from scripts import trl_row  # TRL only here: it need not be installed for rows A, B and D
+        from experiments import trl_row  # TRL only here: it need not be installed for rows A, B and D
 
         part = trl_row.run(lr_args, args.seconds, args.eval_seconds, args.trl_eval_batch)
     else:
@@ -238,7 +237,7 @@ def main() -> None:
     learning_run.stop_cleanly_on_sigterm()
     stem = row_file_stem(args.row, lr_args)
     try:
-        record = run_row(args, lr_args, shlex.join(["python3", "-m", "scripts.time_to_accuracy", *argv]))
+        record = run_row(args, lr_args, shlex.join(["python3", "-m", "experiments.time_to_accuracy", *argv]))
     finally:
         if args.row != "C":
             learning_run.copy_outputs(lr_args.work, args.out / stem)

@@ -1,10 +1,10 @@
-"""Row C of scripts/time_to_accuracy.py: TRL's GRPOTrainer, generating with its own model.generate.
+"""Row C of experiments/time_to_accuracy.py: TRL's GRPOTrainer, generating with its own model.generate.
 
 Same warm start, train and test files, reward (reward_score.compute_score on the decoded
 completion), prompt and knobs as rows A, B and D. The prompt: TRL applies the model's chat
 template to the same messages with the generation prompt, as countdown.prompt_token_ids does;
 `check_prompts` refuses to train if the ids differ. The knobs: every setting TRL shares with
-AReaL is read from train_config.yaml and scripts/learning_run.py's overrides (`areal_knobs`,
+AReaL is read from train_config.yaml and experiments/learning_run.py's overrides (`areal_knobs`,
 `trl_config`); where TRL lacks one or works differently it keeps its recommended default,
 and `differences` says what differs.
 
@@ -32,7 +32,7 @@ from trl import GRPOConfig, GRPOTrainer
 import countdown
 import evaluate
 from reward_score import compute_score
-from scripts import learning_run
+from experiments import learning_run
 
 # The AReaL settings row C takes over (train_config.yaml, then learning_run's overrides).
 KNOBS = [

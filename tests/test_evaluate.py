@@ -15,7 +15,7 @@ from aiohttp import web
 
 import countdown
 import evaluate
-from dev_server.client import find_free_port, serve
+from devkit.dev_server.client import find_free_port, serve
 from evaluate import FAILED_REQUEST, Sample, group_metrics, pass_at_k, summarize, worked_steps
 
 ROOT = Path(__file__).resolve().parent.parent

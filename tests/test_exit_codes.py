@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CONFIGS, puzzle_file, tiny_model_args
-from dev_server.client import find_free_port
+from devkit.dev_server.client import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = "/no/such/dir/test_e.jsonl"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
+from experiments.bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
 from reward_score import (
     MAX_ANSWER_CHARS,
     Verdict,

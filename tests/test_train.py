@@ -2,7 +2,7 @@
 GRPO grouping, a two-step training run with disk weight pushes, recovery, and bad input.
 
 Nothing is mocked but the trainer of one test and the engine of another, each saying why: the dev server
-(dev_server/) stands in for SGLang, which cannot run here, and speaks the same HTTP
+(devkit/dev_server/) stands in for SGLang, which cannot run here, and speaks the same HTTP
 protocol to the same client code.
 """
 
@@ -21,8 +21,8 @@ import torch
 
 import countdown
 import plot
-from dev_server.client import http_json, serve
-from launch import training
+from devkit.dev_server.client import http_json, serve
+from devkit.launch import training
 from reward_score import compute_score
 
 ROOT = Path(__file__).resolve().parent.parent

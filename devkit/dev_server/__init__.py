@@ -1,6 +1,6 @@
 """Development inference server speaking the part of SGLang's HTTP protocol that AReaL uses.
 
-    python3 -m dev_server --model PATH [--host 127.0.0.1] [--port 30000]
+    python3 -m devkit.dev_server --model PATH [--host 127.0.0.1] [--port 30000]
         [--device cpu|cuda] [--dtype float32|bfloat16] [--max-batch 64] [--seed 0]
         [--decoder auto|hf|static] [--static-max-len 1024]
 
@@ -26,10 +26,10 @@ Modules, by role:
 
 Speed: on CPU it uses one torch thread unless ``--threads`` says otherwise (tiny models
 get slower with more threads, and much slower when the cores are shared). On a GPU,
-Qwen2 and Llama models decode through dev_server/static_decode.py (a preallocated KV cache, each decode
+Qwen2 and Llama models decode through devkit/dev_server/static_decode.py (a preallocated KV cache, each decode
 step replayed as one CUDA graph); other models, and ``--decoder hf``, through transformers'
 own forward, which is bound by Python and kernel launches; both give the same greedy
-completions (bench/gpu/decode.py; its table is in docs/results/throughput.md, attempt 5).
+completions (experiments/bench/gpu/decode.py; its table is in docs/results/throughput.md, attempt 5).
 
 Endpoints (the ones ``RemoteSGLangEngine`` calls, plus a few SGLang probes):
   GET  /health, /health_generate, /get_model_info, /get_server_info,

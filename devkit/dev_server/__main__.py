@@ -1,4 +1,4 @@
-"""The server process: ``python3 -m dev_server --model PATH [options]`` (see --help).
+"""The server process: ``python3 -m devkit.dev_server --model PATH [options]`` (see --help).
 
 Loads the model, starts the scheduler's worker and serves the HTTP app until SIGTERM or
 SIGINT (or the death of ``--parent-pid``), then aborts the running batch, answers queued
@@ -16,15 +16,15 @@ import sys
 import threading
 import time
 
-from dev_server.app import create_app, serve_http
-from dev_server.scheduler import Scheduler
+from devkit.dev_server.app import create_app, serve_http
+from devkit.dev_server.scheduler import Scheduler
 
 logger = logging.getLogger("dev_server")
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python3 -m dev_server",
+        prog="python3 -m devkit.dev_server",
         description="Development server speaking SGLang's HTTP protocol (subset used by AReaL).",
     )
     p.add_argument("--model", required=True, help="Hugging Face model folder")
@@ -38,7 +38,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    "ends earlier once no new request arrived for 20 ms)")
     p.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
                    help="hf: transformers' forward and KV cache, every step launched from "
-                   "Python; static: dev_server/static_decode.py (Qwen2 and Llama; preallocated KV cache, "
+                   "Python; static: devkit/dev_server/static_decode.py (Qwen2 and Llama; preallocated KV cache, "
                    "CUDA graphs on a GPU); auto (default): static on a GPU when the model "
                    "allows it, else hf")
     p.add_argument("--static-max-len", type=int, default=1024,
@@ -87,7 +87,7 @@ def load_engine(args: argparse.Namespace):
     """The engine for `args`, its load logged with the weights' fingerprint."""
     import torch
 
-    from dev_server.engine import Engine
+    from devkit.dev_server.engine import Engine
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads or device == "cpu":

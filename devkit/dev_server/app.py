@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from dev_server.protocol import BadRequest, parse_generate
+from devkit.dev_server.protocol import BadRequest, parse_generate
 
 logger = logging.getLogger("dev_server")
 

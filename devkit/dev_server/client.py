@@ -1,6 +1,6 @@
 """Starting, stopping and calling a dev server from scripts and tests; imports no torch.
 
-    from dev_server.client import http_json, serve
+    from devkit.dev_server.client import http_json, serve
     with serve("models/tiny-qwen2") as addr:                 # "127.0.0.1:PORT"
         out = http_json(addr, "/generate", {"input_ids": [1, 2, 3]})
 
@@ -9,16 +9,12 @@
               max_batch=64, seed=0, timeout=120.0, log_file=None, extra_args=(),
               python=None, env=None)      .start() .stop() .command() .addr .pid .log_file, a context manager
     http_json(addr, endpoint, payload=None, method=None, timeout=60) -> body (HTTPStatusError
-              unless 200);  http_request(...) -> (status, body);  find_free_port(host)
+              unless 200);  http_request(...) -> (status, body)
 
-``serve()`` / ``DevServer`` start the server (``python3 -m dev_server``) as a subprocess in
+``serve()`` / ``DevServer`` start the server (``python3 -m devkit.dev_server``) as a subprocess in
 its own session with stdout+stderr going to a log file, wait until ``/health`` answers, and
 stop the whole process group on exit (context manager and atexit). The server also exits by
 itself when its parent process dies (``--parent-pid``, set by the helpers).
-
-The project's other process helpers live here too, so that `launch/` shares them without
-importing anything heavy: `stop_group` (a process group and everything it started) and
-`tail` (the last lines of a log, for error messages).
 """
 
 from __future__ import annotations
@@ -27,8 +23,6 @@ import atexit
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,38 +33,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
+from devkit import ROOT  # on the server's PYTHONPATH: `-m devkit.dev_server`
+from devkit.processes import find_free_port, stop_group, tail
 
-ROOT = Path(__file__).resolve().parent.parent  # on the server's PYTHONPATH: `-m dev_server`
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def tail(text: str, lines: int = 30) -> str:
-    """The last `lines` lines of a log's text."""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group that `proc` leads and every process it started (torchrun's
-    workers have sessions of their own), SIGKILL whatever is left after `timeout` seconds."""
-    try:
-        leader = psutil.Process(proc.pid)
-        tree = [leader, *leader.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(sig)
-        _, tree = psutil.wait_procs(tree, timeout=timeout)
-    proc.wait()
 
 
 class HTTPStatusError(RuntimeError):
@@ -158,7 +123,7 @@ class DevServer:
         """The command that starts the server. Override it to run another server that speaks
         SGLang's protocol (evaluate.py runs SGLang itself) under the same process handling:
         its own process group, the /health wait, the kill on exit."""
-        cmd = [self.python, "-m", "dev_server", "--model", self.model_path,
+        cmd = [self.python, "-m", "devkit.dev_server", "--model", self.model_path,
                "--host", self.host, "--port", str(self.port), "--dtype", self.dtype,
                "--max-batch", str(self.max_batch), "--seed", str(self.seed),
                "--parent-pid", str(os.getpid())]

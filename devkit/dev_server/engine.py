@@ -2,7 +2,7 @@
 
 `Engine.generate_batch` runs one static batch of requests to completion (or abort) and
 returns one result per request, ``{"output_ids", "logprobs", "finish_reason",
-"input_logprobs"}``. Forward passes go through `dev_server/static_decode.py` (Qwen2 and Llama on a
+"input_logprobs"}``. Forward passes go through `devkit/dev_server/static_decode.py` (Qwen2 and Llama on a
 GPU) or transformers' own KV cache (`HFBatch`); sampling, log-probs and stop rules are
 here (see the package docstring for what they mean).
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from dev_server import protocol
-from dev_server.protocol import GenRequest, SamplingParams
+from devkit.dev_server import protocol
+from devkit.dev_server.protocol import GenRequest, SamplingParams
 
 logger = logging.getLogger("dev_server")
 
@@ -96,14 +96,14 @@ class Engine:
         return tuple(sorted(eos))
 
     def _static_decoder(self, decoder: str, max_batch: int, max_len: int):
-        """dev_server/static_decode.py's decoder, or None for transformers' own decoding.
+        """devkit/dev_server/static_decode.py's decoder, or None for transformers' own decoding.
 
         "auto" takes it on a GPU when the model is supported; "static" insists (on CPU it
         runs without CUDA graphs: that is how the tests check it against transformers).
         """
         if decoder == "hf" or (decoder == "auto" and self.device.type != "cuda"):
             return None
-        from dev_server import static_decode
+        from devkit.dev_server import static_decode
 
         reason = static_decode.unsupported_reason(self.model.config)
         if reason is not None:

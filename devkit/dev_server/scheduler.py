@@ -8,8 +8,8 @@ import threading
 import time
 from collections import deque
 
-from dev_server import protocol
-from dev_server.protocol import GenRequest
+from devkit.dev_server import protocol
+from devkit.dev_server.protocol import GenRequest
 
 logger = logging.getLogger("dev_server")
 

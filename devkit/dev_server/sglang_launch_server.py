@@ -1,9 +1,9 @@
-"""The dev server, started with SGLang's command-line flags (see dev_server/sglang_seam).
+"""The dev server, started with SGLang's command-line flags (see devkit/dev_server/sglang_seam).
 
 AReaL builds an SGLang server command from `SGLangConfig` (`--model-path`, `--host`, `--port`,
 `--random-seed`, `--dtype`, `--base-gpu-id` and many tuning flags). This module reads the
 flags that say what to serve and where, ignores the tuning ones (they have no meaning for a
-single-process server), and runs the dev server (what `python3 -m dev_server` runs) in this
+single-process server), and runs the dev server (what `python3 -m devkit.dev_server` runs) in this
 process, on the same host and port. The server exits with the process that started it
 (AReaL's rollout worker or server wrapper), so a killed run leaves no server behind.
 `DEV_SERVER_ARGS` adds dev-server flags, e.g. `DEV_SERVER_ARGS="--decoder hf"`.
@@ -47,7 +47,7 @@ def dev_server_argv(argv: list[str], cuda: bool, parent_pid: int, extra: str = "
 def main() -> int:
     import torch
 
-    from dev_server.__main__ import main as dev_server_main
+    from devkit.dev_server.__main__ import main as dev_server_main
 
     argv = dev_server_argv(
         sys.argv[1:], torch.cuda.is_available(), os.getppid(), os.environ.get("DEV_SERVER_ARGS", "")

@@ -17,53 +17,14 @@ Off: call AReaL's `load_expr_config` instead.
 
 from __future__ import annotations
 
-import difflib
+import importlib
 
 from hydra.errors import ConfigCompositionException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from launch.preflight import exit_bad_input, key_of_override, overrides_in
-
-
-def child_keys(node) -> list[str]:
-    if OmegaConf.is_dict(node):
-        return [str(k) for k in node.keys()]
-    if OmegaConf.is_list(node):
-        return [str(i) for i in range(len(node))]
-    return []
-
-
-def first_unknown(key: str, node) -> tuple[int, list[str]] | None:
-    """Index of the first part of `key` that `node` lacks and its siblings; None if all exist."""
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        keys = child_keys(node)
-        if part not in keys:
-            return i, keys
-        node = node[int(part)] if OmegaConf.is_list(node) else node[part]
-    return None
-
-
-def closest_keys(key: str, node) -> list[str] | None:
-    """None if `node` has `key`; else the keys nearest to it, with its unknown part replaced."""
-    unknown = first_unknown(key, node)
-    if unknown is None:
-        return None
-    index, siblings = unknown
-    parts = key.split(".")
-    return [".".join([*parts[:index], c, *parts[index + 1 :]]) for c in difflib.get_close_matches(parts[index], siblings)]
-
-
-def unknown_key_problem(key: str, config_file: str) -> str | None:
-    """A key of an override that `config_file` lacks, with the closest keys; None if it has it."""
-    close = closest_keys(key, OmegaConf.load(config_file))
-    if close is None:
-        return None
-    if not close:
-        return f"{key!r} is not in {config_file}: set it with ++{key}=..."
-    return (f"unknown config key {key!r}: did you mean {' or '.join(close)}? "
-            f"(the keys are those of {config_file}; a field it lacks is set with ++{key}=...)")  # fmt: skip
+from devkit.launch.config_keys import closest_keys, first_unknown, unknown_key_problem
+from devkit.launch.preflight import exit_bad_input, key_of_override, override_file_problem, overrides_in
 
 
 def unknown_field_problem(key: str, config_cls: type) -> str | None:
@@ -73,28 +34,6 @@ def unknown_field_problem(key: str, config_cls: type) -> str | None:
         return None
     hint = f": did you mean {' or '.join(close)}?" if close else ""
     return f"unknown config key {key!r}{hint} (not a field of {config_cls.__name__})"
-
-
-BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}  # what OmegaConf takes as a bool
-
-
-def wrong_type_problem(key: str, value: str, config: DictConfig) -> str | None:
-    """OmegaConf's own line for a word where the config file (loaded: `config`) has a number or
-    a bool, so that it comes before the imports; None when the value fits or only the dataclass
-    can judge it (strings, null, interpolations, a float where the file has an int)."""
-    default = OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
-    value = value.strip("'\"")
-    if value in ("null", "None") or "${" in value:
-        return None
-    if isinstance(default, bool):
-        return None if value.lower() in BOOLEAN_WORDS else f"{key}: Value '{value}' is not a valid bool (type str)"
-    if isinstance(default, (int, float)):
-        try:
-            float(value)
-        except ValueError:
-            kind = "Float" if isinstance(default, float) else "Integer"
-            return f"{key}: Value '{value}' of type 'str' could not be converted to {kind}"
-    return None
 
 
 def override_problem(key: str, config_cls: type, config_file: str) -> str:
@@ -133,6 +72,26 @@ def config_problem(argv: list[str], config_cls: type) -> str | None:
         OmegaConf.to_object(to_structured_cfg(parse_cli_args(argv)[0], config_cls=config_cls))
     except REFUSALS as e:
         return refusal(e, argv, config_cls)
+    return None
+
+
+def config_override_problem(overrides: list[str], config_file: str, config_class: str | None = None) -> str | None:
+    """The first of `overrides` (KEY=VALUE) that `config_file` cannot take, in one line: a key
+    it lacks, with the closest keys, or a word where it has a number or a bool. Commands that
+    start a trainer late (the demo, the learning runs) ask this first, so a typo costs no warm
+    start or server.
+
+    `+` and `~` overrides add or delete keys, and some values pass the file's types but not
+    the dataclass's own checks: with `config_class` ("module:Class", e.g.
+    "train:CountDownConfig") given, every override is then composed as the trainer will
+    compose it. That imports torch and AReaL, seconds paid only when an override is given,
+    before a run of minutes.
+    """
+    if problem := override_file_problem(overrides, config_file):
+        return problem
+    if config_class and overrides:
+        module, name = config_class.split(":")
+        return config_problem(["--config", config_file, *overrides], getattr(importlib.import_module(module), name))
     return None
 
 

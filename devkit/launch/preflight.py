@@ -40,7 +40,7 @@ def check_model_path(path: str, key: str = "actor.path") -> None:
     if looks_local and not os.path.isdir(os.path.expanduser(path)):
         raise FileNotFoundError(
             f"model path {path!r} does not exist: pass a Hugging Face model folder or hub id "
-            f"as {key}=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
+            f"as {key}=... (the CPU demo builds one with python3 -m devkit.make_tiny_model)"
         )
 
 
@@ -75,21 +75,13 @@ def override_value(overrides: list[str], key: str) -> str | None:
     return None
 
 
-def config_override_problem(overrides: list[str], config_file: str, config_class: str | None = None) -> str | None:
+def override_file_problem(overrides: list[str], config_file: str) -> str | None:
     """The first of `overrides` (KEY=VALUE) that `config_file` cannot take, in one line: a key
-    it lacks, with the closest keys, or a word where it has a number or a bool. Commands that
-    start a trainer late (the demo, the learning runs) ask this first, so a typo costs no warm
-    start or server.
-
-    `+` and `~` overrides add or delete keys, and some values pass the file's types but not
-    the dataclass's own checks (`actor.pass_at_k` above the group size): with `config_class`
-    ("module:Class", e.g. "train:CountDownConfig") given, every override is then composed as
-    the trainer will compose it. That imports torch and AReaL, seconds paid only when an
-    override is given, before a run of minutes.
-    """
+    it lacks, with the closest keys, or a word where it has a number or a bool. `+` and `~`
+    overrides, which add or delete keys, are left to the dataclass."""
     from omegaconf import OmegaConf
 
-    from areal_patches import config_errors
+    from devkit.launch.config_keys import unknown_key_problem, wrong_type_problem
 
     config = OmegaConf.load(config_file)
     for override in overrides:
@@ -97,13 +89,8 @@ def config_override_problem(overrides: list[str], config_file: str, config_class
             return f"{override!r} is not KEY=VALUE"
         if not override.startswith(("+", "~")):
             key, value = key_of_override(override), override.split("=", 1)[1]
-            problem = config_errors.unknown_key_problem(key, config_file)
-            if problem := problem or config_errors.wrong_type_problem(key, value, config):
+            if problem := unknown_key_problem(key, config_file) or wrong_type_problem(key, value, config):
                 return problem
-    if config_class and overrides:
-        module, name = config_class.split(":")
-        config_cls = getattr(importlib.import_module(module), name)
-        return config_errors.config_problem(["--config", config_file, *overrides], config_cls)
     return None
 
 
@@ -124,7 +111,7 @@ def check_trainer_command(program: str, argv: list[str], data_keys: tuple[str, .
     if not os.path.isfile(config_file):
         exit_bad_input(program, f"{config_file}: no such config file")
     overrides = overrides_in(argv)
-    if problem := config_override_problem(overrides, config_file):
+    if problem := override_file_problem(overrides, config_file):
         exit_bad_input(program, problem)
     config = OmegaConf.load(config_file)
 

@@ -20,7 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launch.training import echo_progress, plain
+from devkit.launch.training import echo_progress
+from devkit.processes import plain
 
 TRAIN_STEP = re.compile(r"Train step (\d+)/(\d+) done")
 # One name/value pair of AReaL's stats table (tabulate's fancy_grid): "│ rollout/reward │ 4.1e-01 │".
@@ -88,7 +89,7 @@ class StepWatch:
         return max(self.finished, default=0)
 
     def line(self, text: str) -> None:
-        """One line of the run's output (the `echo` of launch.training.run_trainer)."""
+        """One line of the run's output (the `echo` of devkit.launch.training.run_trainer)."""
         with self._lock:
             if self.cause:
                 return

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from dev_server.client import find_free_port, tail
+from devkit.processes import find_free_port, tail
 
 START_TIMEOUT_S = 90.0
 # Ray's GCS server and agents outlive a SIGTERM for long (seconds to minutes): a short

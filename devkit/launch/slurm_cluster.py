@@ -14,7 +14,7 @@ munge user) and no systemd. Fake GPUs are device files that every machine has
 (/dev/null, /dev/zero, ...) declared as GRES, so `--gres=gpu:N` is scheduled, counted
 and answered with CUDA_VISIBLE_DEVICES.
 
-    python3 -m launch.slurm_cluster up DIR [--gpus N] [--cpus N] [--mem-mb MB]  # until Ctrl-C
+    python3 -m devkit.launch.slurm_cluster up DIR [--gpus N] [--cpus N] [--mem-mb MB]  # until Ctrl-C
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from dev_server.client import find_free_port, tail
-from launch.training import plain
+from devkit.processes import find_free_port, plain, tail
 
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
@@ -331,7 +330,7 @@ def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, st
     try:
         install()
         # Room for AReaL's two jobs whatever this machine has (1 CPU and 1 GB each, see
-        # launch.training.SLURM_JOB_ON_THIS_NODE, plus AReaL's fixed 10 GB a job); nothing
+        # devkit.launch.training.SLURM_JOB_ON_THIS_NODE, plus AReaL's fixed 10 GB a job); nothing
         # enforces either.
         cpus, mem_mb = max(2, os.cpu_count() or 1), 2 * (1024 + 10240)
         with cluster(workdir, gpus=2, cpus=cpus, mem_mb=mem_mb) as env:
@@ -353,7 +352,7 @@ def for_run(run_dir: Path, echo: Callable[[str], None]) -> Iterator[dict[str, st
 
 def main(argv: list[str] | None = None) -> None:
     """`up DIR`: install if needed, run the cluster until Ctrl-C or SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python3 -m launch.slurm_cluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m devkit.launch.slurm_cluster", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="run a one-node cluster in the foreground")
     up.add_argument("dir", type=Path, help="work folder for its configuration, state and logs")

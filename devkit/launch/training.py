@@ -4,7 +4,7 @@ launchers submit to, and the SPMD trainer against a server the caller started.
 - `run_user_command(launcher, ...)`: the README's training command for `single` (AReaL's
   single controller), `single-ray` and `single-slurm` (the same on Ray and on Slurm), `local`,
   `ray` or `slurm` (its SPMD launchers), with overrides; a one-node Ray or Slurm cluster is up for the run
-  (launch/ray_cluster.py, launch/slurm_cluster.py). The demo and tests/test_launchers.py use it.
+  (devkit/launch/ray_cluster.py, devkit/launch/slurm_cluster.py). The demo and tests/test_launchers.py use it.
 - `launch_trainer(...)`: train.py as the SPMD launchers run their trainer, against a dev
   server the caller started (the learning runs and tests/test_train.py use it).
 - `cpu_overrides(...)`: how train_config.yaml shrinks to one CPU machine.
@@ -32,11 +32,11 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 import countdown
-from dev_server.client import find_free_port, stop_group
-from launch.preflight import key_of_override
+from devkit import ROOT
+from devkit.launch.preflight import key_of_override
+from devkit.processes import find_free_port, plain, stop_group
 
-ROOT = Path(__file__).resolve().parent.parent
-SEAM = ROOT / "dev_server" / "sglang_seam"
+SEAM = ROOT / "devkit" / "dev_server" / "sglang_seam"
 LAUNCHERS = ("single", "single-ray", "single-slurm", "local", "slurm", "ray")
 
 # The actor's scheduling spec, which rollout and ref take too (${actor.scheduling_spec}).
@@ -128,14 +128,14 @@ def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
     block stops them, and SIGTERM leaves it the way Ctrl-C does.
     """
     if launcher in ("ray", "single-ray"):
-        from launch import ray_cluster
+        from devkit.launch import ray_cluster
 
         # Ray's workers inherit the seam from `ray start` and start in ROOT, as the
         # launcher's relative train.py and train_config.yaml need.
         with sigterm_as_interrupt(), ray_cluster.cluster(run_dir / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
             yield {"RAY_ADDRESS": env["RAY_ADDRESS"]}
     elif launcher in ("slurm", "single-slurm"):
-        from launch import slurm_cluster
+        from devkit.launch import slurm_cluster
 
         with sigterm_as_interrupt(), slurm_cluster.for_run(run_dir, echo_progress) as env:
             yield env
@@ -144,7 +144,7 @@ def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
 
 
 def seam_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment with the dev server in SGLang's place (dev_server/sglang_seam).
+    """This environment with the dev server in SGLang's place (devkit/dev_server/sglang_seam).
 
     AReaL starts servers and trainers with a bare `python3` / `torchrun`, so this
     interpreter's bin folder (the project's .venv) goes first on PATH.
@@ -271,14 +271,6 @@ PROGRESS = re.compile(
 )
 
 
-# AReaL colours its log lines whatever the output is: files get them plain.
-COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def plain(line: str) -> str:
-    return COLOUR.sub("", line)
-
-
 def echo_progress(line: str) -> None:
     """Show a run's log line if it marks progress or trouble: train.py's and sft.py's own
     messages whole, others' last 160 characters; in colour only on a terminal."""
@@ -294,7 +286,7 @@ def run_trainer(
     """Run the trainer in its own process group, echo progress lines, always clean up.
 
     The trainer is stopped when `time_limit` (seconds) runs out, or when another thread sets
-    `stop` (a limit known only once the run has begun: scripts/time_to_accuracy.py, the
+    `stop` (a limit known only once the run has begun: experiments/time_to_accuracy.py, the
     demo's stall guard); returns whether it was stopped (a trainer that fails on its own
     raises). `stop` is set on return. Every line goes to `log_path` and, until the stop,
     to `echo` (default `echo_progress`): what the processes print once they are being
@@ -406,7 +398,7 @@ def run_user_command(
     python, *readme = user_command(launcher)
     groups = each_key_once([readme, *overrides, launcher_overrides(launcher), list(extra)])
     log_path = run_dir / "train.log"
-    print("[demo] the README's training command, then the CPU overrides (launch/training.py), the demo's settings "
+    print("[demo] the README's training command, then the CPU overrides (devkit/launch/training.py), the demo's settings "
           f"and any given; each key once:\n    python3 {shell_lines(groups)}", flush=True)  # fmt: skip
     with launcher_cluster(launcher, run_dir) as cluster_env:
         try:

@@ -2,7 +2,7 @@
 searching for a solution (the upstream AReaL method), and a look at the targets.
 Wall-clock and CPU rates are both shown: they differ when the machine is busy.
 
-    python3 bench/bench_countdown.py [--n 100000]
+    python3 experiments/bench/bench_countdown.py [--n 100000]
 """
 
 import argparse

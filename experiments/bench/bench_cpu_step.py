@@ -1,8 +1,8 @@
 """Where the time of one CPU demo step goes: generation, reward, log-probs, update, weight push.
 
-    python3 bench/bench_cpu_step.py [--steps 4]
+    python3 experiments/bench/bench_cpu_step.py [--steps 4]
 
-Runs the quick CPU demo (`tools/demo.py --quick`: tiny model, dev server, train.py) for a
+Runs the quick CPU demo (`devkit/demo.py --quick`: tiny model, dev server, train.py) for a
 few steps and reads AReaL's own per-step timers (`timeperf/*`) from its TensorBoard files.
 Step 1 pays one-off warm-up, so the table averages the later steps. The reward's share is
 measured directly: compute_score over as many realistic completions as one step scores.
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import plot
-from bench.bench_reward import make_corpus
+from experiments.bench.bench_reward import make_corpus
 from reward_score import compute_score
-from tools import demo
+from devkit import demo
 
 # (what a reader calls it, AReaL's timer)
 PHASES = [

@@ -2,7 +2,7 @@
 approach (TinyZero style), on the same realistic completions in the same run, plus
 worst-case times on adversarial inputs.
 
-    python3 bench/bench_reward.py [--completions 2000] [--repeats 5]
+    python3 experiments/bench/bench_reward.py [--completions 2000] [--repeats 5]
 """
 
 import argparse
@@ -10,7 +10,7 @@ import random
 import re
 import time
 
-from bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
+from experiments.bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
 from countdown import generate_puzzles
 from reward_score import compute_score
 

@@ -1,5 +1,5 @@
 """Hostile completions for the reward, in one table: tests/test_reward_score.py checks
-that each scores without raising and quickly, and bench/bench_reward.py times each
+that each scores without raising and quickly, and experiments/bench/bench_reward.py times each
 against the regex + eval baseline. A case added here is covered by both.
 
 Model output is hostile input: these are huge texts, floods of tags, deep nesting,

@@ -1,12 +1,12 @@
 """How long the dev server sat paused for each weight push, and what it generated, from its log.
 
-    python3 -m bench.pause_windows LABEL=SERVER_LOG [LABEL=SERVER_LOG ...]
+    python3 -m experiments.bench.pause_windows LABEL=SERVER_LOG [LABEL=SERVER_LOG ...]
 
 A disk weight push pauses generation on the server, has it load the new folder, and
 continues (areal_patches/pause_at_load.py says when). The dev server logs each of those and
 every finished batch with its timestamp, so its log alone tells how long each push kept
 generation paused and how many tokens it generated over the run. A log is the dev server's
-own (`scripts/learning_run.py`'s `server.log`) or a run's `rollout.log` (lines may carry a
+own (`experiments/learning_run.py`'s `server.log`) or a run's `rollout.log` (lines may carry a
 `[rollout] ` prefix). A single controller's rollout log also holds the worker's lines, so the
 table counts its completion posts that timed out, the mark of the push stall that
 areal_patches/callback_pool.py fixes. Prints one Markdown row per log.

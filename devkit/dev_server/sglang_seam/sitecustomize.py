@@ -1,14 +1,14 @@
 """What CPU runs change in AReaL's own processes; nothing else differs from a GPU run.
 
 Active only in processes whose PYTHONPATH holds this folder (the CPU demo and the tests;
-`launch.seam_env()` adds it). Python imports this file at start-up, before the command's own
+`devkit.launch.seam_env()` adds it). Python imports this file at start-up, before the command's own
 module: the one place where the project reaches processes that AReaL starts by itself (its
 launchers, RPC workers and server wrappers).
 
 - **The one substitution.** Every path to an SGLang server in areal 1.0.4 (the
   single-controller rollout worker; the local, Ray and Slurm launchers' server wrapper)
   runs `python3 -m areal.experimental.inference_service.sglang.launch_server <SGLang flags>`.
-  Here that module name resolves to `dev_server.sglang_launch_server`, which serves the same model
+  Here that module name resolves to `devkit.dev_server.sglang_launch_server`, which serves the same model
   with the dev server on the same host and port. AReaL's trainer also refuses to start unless
   package metadata reports sglang >= 0.5.10.post1: the `sglang-*.dist-info` folder beside this
   file declares the version whose HTTP protocol the dev server speaks. No `sglang` module
@@ -23,7 +23,7 @@ import importlib.util
 import sys
 
 SGLANG_SERVER_MODULE = "areal.experimental.inference_service.sglang.launch_server"
-STAND_IN_MODULE = "dev_server.sglang_launch_server"
+STAND_IN_MODULE = "devkit.dev_server.sglang_launch_server"
 CPU_PLATFORM_MODULE = "areal.infra.platforms.cpu"
 
 

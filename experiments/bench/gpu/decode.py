@@ -1,6 +1,6 @@
-"""Dev-server decoding on one GPU: transformers' eager forward against dev_server/static_decode.py.
+"""Dev-server decoding on one GPU: transformers' eager forward against devkit/dev_server/static_decode.py.
 
-    python3 -m bench.gpu.decode [--model PATH] [--batches 1 64 512 1024] [--new-tokens 128]
+    python3 -m experiments.bench.gpu.decode [--model PATH] [--batches 1 64 512 1024] [--new-tokens 128]
                                 [--check 512] [--json PATH] [--device cuda]
 
 Both decoders run in this process through the dev server's own Engine (what the HTTP
@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
 import countdown
-from dev_server.engine import Engine
-from dev_server.protocol import GenRequest, SamplingParams
+from devkit.dev_server.engine import Engine
+from devkit.dev_server.protocol import GenRequest, SamplingParams
 from reward_score import SOLVED_SCORE, compute_score
-from tools.make_tiny_model import make_tiny_model
+from devkit.make_tiny_model import make_tiny_model
 
 
 def requests(prompts: list[list[int]], params: SamplingParams) -> list[GenRequest]:

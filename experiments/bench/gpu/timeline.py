@@ -1,4 +1,4 @@
-"""Where a training step's time goes on the GPU, by phase of AReaL's step (bench/gpu/train_step.py --profile).
+"""Where a training step's time goes on the GPU, by phase of AReaL's step (experiments/bench/gpu/train_step.py --profile).
 
 A profiler trace shows when each kernel ran and when the CPU launched it, but not which part of
 AReaL's step it belongs to, nor why the GPU sat idle in between. `annotate_areal()` wraps the

@@ -1,6 +1,6 @@
 """GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor as train.py runs it, and TRL.
 
-    python3 -m bench.gpu.train_step [--shapes small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
+    python3 -m experiments.bench.gpu.train_step [--shapes small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
                                     [--no-trl] [--rows N] [--profile DIR] [--device cpu] [--ranks 1 2 4]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
@@ -65,7 +65,7 @@ memory (torch.cuda.max_memory_allocated), and two MFUs against the measured bf16
   (docs/results/throughput.md), kept so that those numbers stay comparable.
 
 --profile DIR runs one more step of the shipped setting under torch.profiler and writes
-DIR/profile_SHAPE.txt: GPU busy and idle time by phase of AReaL's step (bench/gpu/timeline.py),
+DIR/profile_SHAPE.txt: GPU busy and idle time by phase of AReaL's step (experiments/bench/gpu/timeline.py),
 then the costliest GPU operations.
 
 --ranks runs the AReaL rows on each given number of FSDP ranks, one GPU each (torchrun, as
@@ -92,10 +92,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.training import torchrun_command
+from devkit import ROOT
+from devkit.launch.training import torchrun_command
 
 START = time.perf_counter()
-ROOT = Path(__file__).resolve().parent.parent.parent
 SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab)
     "small": (512, 8, 8, 2, 2048, 899),
     "0.5b": (896, 24, 14, 2, 4864, 151936),
@@ -458,11 +458,11 @@ def logp_max_diff(actor, batch: list[dict]) -> float:
 
 def profile_step(step, model, out: Path) -> None:
     """One more step under torch.profiler. Writes the step's GPU time and GPU idle time by
-    phase of AReaL's step (bench/gpu/timeline.py), then its 40 costliest GPU operations; that
+    phase of AReaL's step (experiments/bench/gpu/timeline.py), then its 40 costliest GPU operations; that
     table ends with the total GPU time ("Self CUDA time total")."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from bench.gpu import timeline
+    from experiments.bench.gpu import timeline
 
     sync()
     with timeline.annotate_areal(model), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -634,7 +634,7 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float, rank
     """One process per (framework, shape), or for AReaL one per rank under torchrun; forwards
     the rows as they come, keeps the log tail."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = ["-m", "bench.gpu.train_step", "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
+    cmd = ["-m", "experiments.bench.gpu.train_step", "--child", kind, shape, "--seqs", str(args.seqs), "--steps", str(args.steps),
            "--peak", str(peak), "--device", DEVICE]  # fmt: skip
     if kind == "areal":
         env["AREAL_SPMD_MODE"] = "1"
