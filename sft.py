@@ -34,8 +34,8 @@ from datasets import Dataset
 
 import countdown
 import areal_patches
-from areal_patches import clean_exit, config_errors, ray_workers
-from devkit.launch import preflight
+from areal_patches import clean_exit, ray_workers
+from devkit.launch import config_errors, preflight
 from sft_formats.completions import failed_attempts, reference_completion, signs_completion
 from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig

@@ -27,8 +27,8 @@ from transformers import PreTrainedTokenizerFast
 
 import areal_patches
 import countdown
-from areal_patches import clean_exit, config_errors, ray_workers, server_watchdog
-from devkit.launch import preflight
+from areal_patches import clean_exit, ray_workers, server_watchdog
+from devkit.launch import config_errors, preflight
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, PPOActorConfig

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from tools import deepen_model as dm  # noqa: E402
+from experiments import deepen_model as dm  # noqa: E402
 
 
 def test_layer_plan_follows_each_layer_by_its_copies():
