@@ -150,7 +150,7 @@ def use_deterministic_kernels() -> None:
 
 
 def main(argv: list[str]) -> None:
-    areal_patches.install(weight_push=False, fast_step=False)  # no rollouts; SFTTrainer's LM engine
+    areal_patches.apply(skip={"weight_push", "fast_step"})  # no rollouts; SFTTrainer's LM engine
     config, _ = config_errors.load_config(argv, WarmStartConfig, "sft.py")
     if config.deterministic:
         use_deterministic_kernels()

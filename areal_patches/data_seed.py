@@ -11,7 +11,7 @@ gives AReaL's order. A run recovered with the same `seed` replays the same order
 with train.py on CPU (docs/results/areal-fixes.md, "What seed meant"): before, seeds 1 and 2 drew the same
 puzzles at each step; after, they draw different ones, and a seed repeats its own.
 
-Off: `areal_patches.install(data_seed=False)`.
+Off: `areal_patches.apply(skip={"data_seed"})`.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ forward runs again in the backward; the last N layers (`actor.layers_not_checkpo
 train_config.yaml, 0 turns it off) keep their activations instead, for a faster step
 at the cost of each such layer's activation memory (docs/results/throughput.md, "Sixth session").
 
-`install()` applies all eight in this process, through `areal_patches.install()`: train.py's
+`install()` applies all eight in this process, through `areal_patches.apply()`: train.py's
 `main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in AReaL's RPC workers.
 Compilation only happens for models on CUDA (the CPU demo and tests run uncompiled);
 `TORCHDYNAMO_DISABLE=1` turns it off.

@@ -20,7 +20,7 @@ and in the modules that imported it already (each holds its own reference).
 Effect: Llama (and any decoder that hands its mask to `create_causal_mask`) trains; Qwen2
 and every mask that is not a mapping are untouched
 (tests/test_smollm2.py checks a packed batch's log-probs against unpacked forwards). Off:
-`install(mask_mapping=False)`.
+`areal_patches.apply(skip={"mask_mapping"})`.
 """
 
 from __future__ import annotations

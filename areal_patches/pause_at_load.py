@@ -16,7 +16,7 @@ that produced it, and the load, the versions and the continue are upstream's. Th
 on the trainer's clock (`timeperf/update_weights`); what changes is how long the servers are
 paused, which their own logs show (docs/results/areal-fixes.md, "Generation paused for the load only").
 
-Off: `areal_patches.install(pause_at_load=False)`.
+Off: `areal_patches.apply(skip={"pause_at_load"})`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ seed still decides the data order, the sampling and the initial weights. Measure
 demos started together on CPU (docs/results/areal-fixes.md, "Two runs with one seed on one
 machine").
 
-Off: `areal_patches.install(port_draw=False)`.
+Off: `areal_patches.apply(skip={"port_draw"})`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Effect: M is the step the run ends at, the smaller of the two. Only the stats lo
 of the spec changes; the learning-rate schedule, saver, evaluator and recover handler keep
 AReaL's.
 
-Off: `areal_patches.install(progress_total=False)`.
+Off: `areal_patches.apply(skip={"progress_total"})`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ dispatcher that awaited them is gone), and the server stops once the workers are
 a late callback is answered 200 and resolves nothing. Everything else in `destroy` runs as
 upstream, in its order.
 
-Off: `areal_patches.install(rollout_shutdown=False)`.
+Off: `areal_patches.apply(skip={"rollout_shutdown"})`.
 """
 
 from __future__ import annotations

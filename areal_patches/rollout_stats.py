@@ -15,7 +15,7 @@ runs in other processes and never overlaps) keep AReaL's `update`. What the GPU 
 showed, and a CPU check where the overlap did not occur: docs/results/areal-fixes.md ("A step's rollout
 scalars").
 
-Off: `areal_patches.install(rollout_stats=False)`.
+Off: `areal_patches.apply(skip={"rollout_stats"})`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ server's own error long scrolled away.
 Effect: every poll also checks the server process; once it has exited, the wait ends at once
 with an error naming the server, its exit code and where its own error is.
 
-Off: `areal_patches.install(server_start=False)`.
+Off: `areal_patches.apply(skip={"server_start"})`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ its start-up timeout (300 s) before `WorkerTimeoutError: Timeout waiting for wor
 Effect: each job's sbatch script is written with its own spec's `container_type` and `mount`:
 `container_type: none` runs the worker command as it is, `apptainer` (the default) as before.
 
-Off: `install(slurm_container=False)`.
+Off: `areal_patches.apply(skip={"slurm_container"})`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Slurm marks it FAILED, and AReaL's own status check ends the wait within seconds
 `WorkerFailedError: Job <id> FAILED`, followed by the last lines of the role's log.
 docs/results/areal-fixes.md ("The single controller on Slurm") has the measurement.
 
-Off: `install(slurm_job_exit=False)`.
+Off: `areal_patches.apply(skip={"slurm_job_exit"})`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ every result written), but a traceback at the end of a good run sends users look
 
 Effect: the callback resolves the future only if it is still pending; nothing else changes.
 
-Off: `areal_patches.install(task_callback=False)`.
+Off: `areal_patches.apply(skip={"task_callback"})`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ skips the key ("Unable to verify login in offline mode"); the run then writes it
 `<fileroot>/logs/<user>/<experiment>/<trial>/wandb/offline-run-*`, which `wandb sync <folder>`
 uploads later. Online runs and their login are AReaL's.
 
-Off: `areal_patches.install(wandb_offline=False)`.
+Off: `areal_patches.apply(skip={"wandb_offline"})`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def record_episodes(rng: random.Random, n: int, nums: int, p_solved: float) -> N
     """n episodes of `nums`-number puzzles, logged by train.py's own `log_episode_stats`."""
     for _ in range(n):
         reward = float(rng.random() < p_solved)
-        train.log_episode_stats({"nums": [1] * nums}, "", reward, reward, rng.randint(60, 190), "stop")
+        train.log_episode_stats({"nums": [1] * nums}, "", reward, rng.randint(60, 190), "stop")
 
 
 def a_step_of_two_exports(merge) -> dict[str, float]:

@@ -330,7 +330,7 @@ def build_actor(shape: str, n_seqs: int):
     import areal_patches
     from train import CountDownConfig
 
-    areal_patches.install(weight_push=False)  # as train.py's main() does, less the rollout client's fix
+    areal_patches.apply(skip={"weight_push"})  # as train.py's main() does, less the rollout client's fix
     backend = f"fsdp:d{world_size()}"
     config, _ = load_expr_config(
         ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", f"actor.backend={backend}",
