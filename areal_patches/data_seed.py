@@ -16,9 +16,9 @@ Off: `areal_patches.apply(skip={"data_seed"})`.
 
 from __future__ import annotations
 
-import functools
-
 from torch.utils.data import DistributedSampler
+
+from areal_patches.patching import wrap_once
 
 
 def install() -> None:
@@ -26,21 +26,16 @@ def install() -> None:
     from areal.trainer.sft_trainer import SFTTrainer
 
     for trainer in (PPOTrainer, SFTTrainer):
-        original = trainer._create_dataloader
-        if getattr(original, "seeds_sampler", False):
-            continue
-        trainer._create_dataloader = seeded(original)
+        wrap_once(trainer, "_create_dataloader", seeded, "seeds_sampler")
 
 
 def seeded(create_dataloader):
     """`create_dataloader`, with its sampler shuffling by the trainer's `config.seed`."""
 
-    @functools.wraps(create_dataloader)
     def _create_dataloader(self, *args, **kwargs):
         loader = create_dataloader(self, *args, **kwargs)
         if isinstance(loader.sampler, DistributedSampler):
             loader.sampler.seed = self.config.seed
         return loader
 
-    _create_dataloader.seeds_sampler = True
     return _create_dataloader

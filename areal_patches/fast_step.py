@@ -47,9 +47,9 @@ Compilation only happens for models on CUDA (the CPU demo and tests run uncompil
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from areal_patches.patching import wrap_once
 
 def pack_tensor_dict(data: dict) -> dict:
     """`areal.utils.data.pack_tensor_dict` with one host sync in all: [B, S, ...] tensors
@@ -343,11 +343,12 @@ def install() -> None:
     if grad.l2_norm_impl is multi_tensor_apply.local_multi_tensor_l2_norm:
         grad.l2_norm_impl = multi_tensor_l2norm
         grad.multi_tensor_scale_impl = multi_tensor_scale
-    create = fsdp_engine.FSDPEngine._create_device_model
-    if getattr(create, "compiles_layers", False):
-        return
+    wrap_once(fsdp_engine.FSDPEngine, "_create_device_model", compiled_after, "compiles_layers")
 
-    @functools.wraps(create)
+
+def compiled_after(create):
+    """`FSDPEngine._create_device_model`, then the activations kept and the layers compiled."""
+
     def create_and_compile(self) -> None:
         create(self)
         # train.py's actor config has the field; other configs keep AReaL's behaviour
@@ -357,5 +358,4 @@ def install() -> None:
         if self.device.type == "cuda":
             compile_decoder_layers(self.model)
 
-    create_and_compile.compiles_layers = True
-    fsdp_engine.FSDPEngine._create_device_model = create_and_compile
+    return create_and_compile

@@ -15,9 +15,10 @@ Off: `areal_patches.apply(skip={"progress_total"})`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from areal.api.io_struct import FinetuneSpec
+
+from areal_patches.patching import wrap_once
 
 
 @dataclasses.dataclass
@@ -41,14 +42,11 @@ def run_spec(spec: FinetuneSpec, total_train_steps: int | None) -> FinetuneSpec:
 def install() -> None:
     from areal.utils.stats_logger import StatsLogger
 
-    original = StatsLogger.__init__
-    if getattr(original, "counts_run_total", False):
-        return
+    def counting_run_total(original):
+        def __init__(self, config, ft_spec: FinetuneSpec) -> None:
+            original(self, config, ft_spec)
+            self.ft_spec = run_spec(ft_spec, getattr(config, "total_train_steps", None))
 
-    @functools.wraps(original)
-    def __init__(self, config, ft_spec: FinetuneSpec) -> None:
-        original(self, config, ft_spec)
-        self.ft_spec = run_spec(ft_spec, getattr(config, "total_train_steps", None))
+        return __init__
 
-    __init__.counts_run_total = True
-    StatsLogger.__init__ = __init__
+    wrap_once(StatsLogger, "__init__", counting_run_total, "counts_run_total")

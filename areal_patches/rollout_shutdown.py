@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 
+from areal_patches.patching import wrap_once
+
 
 def forget_waits(controller) -> None:
     """Drop every rollout's waiting future: after the dispatcher stopped, nobody awaits them,
@@ -34,20 +36,17 @@ def forget_waits(controller) -> None:
 def install() -> None:
     from areal.infra.controller.rollout_controller import RolloutController
 
-    original = RolloutController.destroy
-    if getattr(original, "stops_callback_server_last", False):
-        return
+    def callback_server_last(original):
+        def destroy(self) -> None:
+            # Upstream's destroy calls `self._stop_callback_server()` right after the dispatcher;
+            # an instance attribute shadows the method for that one call.
+            self._stop_callback_server = functools.partial(forget_waits, self)
+            try:
+                original(self)
+            finally:
+                del self._stop_callback_server
+                self._stop_callback_server()
 
-    @functools.wraps(original)
-    def destroy(self) -> None:
-        # Upstream's destroy calls `self._stop_callback_server()` right after the dispatcher;
-        # an instance attribute shadows the method for that one call.
-        self._stop_callback_server = functools.partial(forget_waits, self)
-        try:
-            original(self)
-        finally:
-            del self._stop_callback_server
-            self._stop_callback_server()
+        return destroy
 
-    destroy.stops_callback_server_last = True
-    RolloutController.destroy = destroy
+    wrap_once(RolloutController, "destroy", callback_server_last, "stops_callback_server_last")

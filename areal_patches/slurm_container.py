@@ -16,23 +16,21 @@ Off: `areal_patches.apply(skip={"slurm_container"})`.
 
 from __future__ import annotations
 
-import functools
 import inspect
+
+from areal_patches.patching import wrap_once
 
 
 def install() -> None:
     from areal.infra.scheduler.slurm import SlurmScheduler
 
-    if getattr(SlurmScheduler._generate_sbatch_script, "reads_spec_container", False):
-        return
-    SlurmScheduler._generate_sbatch_script = with_spec_container(SlurmScheduler._generate_sbatch_script)
+    wrap_once(SlurmScheduler, "_generate_sbatch_script", with_spec_container, "reads_spec_container")
 
 
 def with_spec_container(generate):
     """`SlurmScheduler._generate_sbatch_script`, with the job's first spec's container settings."""
     signature = inspect.signature(generate)
 
-    @functools.wraps(generate)
     def _generate_sbatch_script(self, *args, **kwargs):
         spec = signature.bind(self, *args, **kwargs).arguments["schedulings"][0]
         saved = self.container_type, self.container_mounts
@@ -42,5 +40,4 @@ def with_spec_container(generate):
         finally:
             self.container_type, self.container_mounts = saved
 
-    _generate_sbatch_script.reads_spec_container = True
     return _generate_sbatch_script

@@ -18,7 +18,7 @@ Off: `areal_patches.apply(skip={"slurm_job_exit"})`.
 
 from __future__ import annotations
 
-import functools
+from areal_patches.patching import wrap_once
 
 PIPEFAIL = "set -o pipefail  # areal_patches.slurm_job_exit: the job ends with the worker's status"
 
@@ -26,19 +26,15 @@ PIPEFAIL = "set -o pipefail  # areal_patches.slurm_job_exit: the job ends with t
 def install() -> None:
     from areal.infra.scheduler.slurm import SlurmScheduler
 
-    if getattr(SlurmScheduler._generate_sbatch_script, "sets_pipefail", False):
-        return
-    SlurmScheduler._generate_sbatch_script = with_pipefail(SlurmScheduler._generate_sbatch_script)
+    wrap_once(SlurmScheduler, "_generate_sbatch_script", with_pipefail, "sets_pipefail")
 
 
 def with_pipefail(generate):
     """`SlurmScheduler._generate_sbatch_script`, with `set -o pipefail` after the #SBATCH lines."""
 
-    @functools.wraps(generate)
     def _generate_sbatch_script(self, *args, **kwargs):
         return pipefail_after_options(generate(self, *args, **kwargs))
 
-    _generate_sbatch_script.sets_pipefail = True
     return _generate_sbatch_script
 
 

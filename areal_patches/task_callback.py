@@ -18,7 +18,8 @@ Off: `areal_patches.apply(skip={"task_callback"})`.
 from __future__ import annotations
 
 import asyncio
-import functools
+
+from areal_patches.patching import wrap_once
 
 
 def resolve_unless_done(future: asyncio.Future) -> None:
@@ -30,16 +31,13 @@ def resolve_unless_done(future: asyncio.Future) -> None:
 def install() -> None:
     from areal.infra.controller.rollout_controller import RolloutController
 
-    original = RolloutController._resolve_task_future
-    if getattr(original, "skips_done_futures", False):
-        return
+    def skipping_done_futures(original):
+        def _resolve_task_future(self, task_id: int) -> None:
+            with self._futures_lock:
+                future = self._pending_futures.pop(task_id, None)
+            if future:
+                future.get_loop().call_soon_threadsafe(resolve_unless_done, future)
 
-    @functools.wraps(original)
-    def _resolve_task_future(self, task_id: int) -> None:
-        with self._futures_lock:
-            future = self._pending_futures.pop(task_id, None)
-        if future:
-            future.get_loop().call_soon_threadsafe(resolve_unless_done, future)
+        return _resolve_task_future
 
-    _resolve_task_future.skips_done_futures = True
-    RolloutController._resolve_task_future = _resolve_task_future
+    wrap_once(RolloutController, "_resolve_task_future", skipping_done_futures, "skips_done_futures")

@@ -16,22 +16,19 @@ Off: `areal_patches.apply(skip={"wandb_offline"})`.
 
 from __future__ import annotations
 
-import functools
+from areal_patches.patching import wrap_once
 
 
 def install() -> None:
     import wandb
     from areal.utils.stats_logger import StatsLogger
 
-    original = StatsLogger.init
-    if getattr(original, "logs_in_offline", False):
-        return
+    def offline_first(original):
+        def init(self) -> None:
+            if self.config.wandb.mode == "offline":
+                wandb.setup(settings=wandb.Settings(mode="offline"))
+            return original(self)
 
-    @functools.wraps(original)
-    def init(self) -> None:
-        if self.config.wandb.mode == "offline":
-            wandb.setup(settings=wandb.Settings(mode="offline"))
-        return original(self)
+        return init
 
-    init.logs_in_offline = True
-    StatsLogger.init = init
+    wrap_once(StatsLogger, "init", offline_first, "logs_in_offline")
