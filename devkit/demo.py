@@ -59,7 +59,8 @@ from devkit.launch import config_errors, preflight
 from devkit.launch.progress import StepWatch
 from devkit import ROOT
 from devkit.launch.training import (CPU_BATCH_SIZE, LAUNCHERS, cpu_overrides, latest_checkpoint, run_sft,
-                                    run_user_command, saved_global_step, sigterm_as_interrupt)
+                                    run_user_command, saved_global_step)
+from devkit.processes import sigterm_as_interrupt
 
 PUZZLES = ["--min-numbers", "2", "--max-numbers", "2", "--num-max", "50", "--target-min", "1", "--target-max", "100"]
 TRAIN_PUZZLES, HELD_OUT = 2300, 500

@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 
 import psutil
 
@@ -47,3 +48,19 @@ def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
                 process.send_signal(sig)
         _, tree = psutil.wait_procs(tree, timeout=timeout)
     proc.wait()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM leaves the block the way Ctrl-C does; once: a second one must not cut the
+    clean-up short."""
+
+    def interrupt(*_) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from devkit.processes import find_free_port, plain, tail
+from devkit.processes import find_free_port, plain, sigterm_as_interrupt, stop_group, tail
 
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
@@ -103,7 +103,7 @@ def cluster(
         # since both daemons authenticate through it until they exit.
         for name in ("slurmd", "slurmctld", "munged"):
             if name in procs:
-                _stop(procs[name])
+                stop_group(procs[name], STOP_TIMEOUT_S)
 
 
 def _require_root(what: str) -> None:
@@ -207,7 +207,7 @@ def _start_munged(workdir: Path) -> subprocess.Popen | None:
     deadline = time.monotonic() + 10
     while not _munge_works():
         if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
+            stop_group(proc, STOP_TIMEOUT_S)
             raise RuntimeError(
                 "munged did not start:\n" + tail((workdir / "munged.log").read_text())
             )
@@ -278,18 +278,6 @@ def _cancel_jobs(env: dict[str, str]) -> None:
             return
         subprocess.run(["scancel", *jobs], env=env, capture_output=True, timeout=5)
         time.sleep(0.5)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL if the process has not exited within STOP_TIMEOUT_S."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # Where AReaL's Slurm jobs write their output: <fileroot>/logs/<user>/<experiment>/<trial>/<job>.log
@@ -363,8 +351,7 @@ def main(argv: list[str] | None = None) -> None:
 
     install()
     # SIGTERM ends the run the way Ctrl-C does, through cluster()'s clean-up.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with cluster(args.dir, args.gpus, args.cpus, args.mem_mb) as env:
+    with sigterm_as_interrupt(), cluster(args.dir, args.gpus, args.cpus, args.mem_mb) as env:
         print(f"export SLURM_CONF={env['SLURM_CONF']}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()

@@ -34,7 +34,7 @@ from safetensors import SafetensorError, safe_open
 import countdown
 from devkit import ROOT
 from devkit.launch.preflight import key_of_override
-from devkit.processes import find_free_port, plain, stop_group
+from devkit.processes import find_free_port, plain, sigterm_as_interrupt, stop_group
 
 SEAM = ROOT / "devkit" / "dev_server" / "sglang_seam"
 LAUNCHERS = ("single", "single-ray", "single-slurm", "local", "slurm", "ray")
@@ -102,22 +102,6 @@ def launcher_overrides(launcher: str) -> list[str]:
         *(f"{ACTOR_SPEC}.env_vars.{k}={env[k]}" for k in ("PATH", "PYTHONPATH", "TORCHDYNAMO_DISABLE", "PYTHONUNBUFFERED")),
         *no_retries,
     ]  # fmt: skip
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM leaves the block the way Ctrl-C does; once: a second one must not cut the
-    clean-up short."""
-
-    def interrupt(*_) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
