@@ -346,15 +346,6 @@ def make_tiny_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0,
     return out
 
 
-def ensure_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0) -> Path:
-    """Build the model at ``out`` unless a complete folder is already there."""
-    out = Path(out)
-    if (out / "config.json").exists() and (out / "model.safetensors").exists() \
-            and (out / "tokenizer.json").exists():
-        return out.absolute()
-    return make_tiny_model(out, preset=preset, seed=seed)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (replaced if it exists)")

@@ -2,10 +2,10 @@
 
     python3 -m experiments.deepen_model --src runs/learn/plain/warm_start --out runs/learn/deep24 --layers 24
 
-Why: issue 23 asks which stack reaches an accuracy sooner, and the answer depends on how much
-of a step is generation. The project's warm start has 8 layers, where decoding is cheap; a
-deeper model cannot be trained from scratch in one device call, and its weights could not
-travel to the next one. This tool turns a checkpoint into one of ``--layers`` layers that
+Why: which stack reaches an accuracy sooner (experiments/time_to_accuracy.py) depends on how
+much of a step is generation. The project's warm start has 8 layers, where decoding is cheap;
+a deeper model cannot be trained from scratch within one time-to-accuracy row, nor its weights
+be carried from one GPU session to the next. This tool turns a checkpoint into one of ``--layers`` layers that
 computes exactly the same function, so every row starts from the same held-out pass@1 while
 each decoding step costs ``--layers`` layers. Each source layer is followed by copies of
 itself whose attention output projection (``o_proj``) and MLP down projection
@@ -92,15 +92,8 @@ def deepen_model(src: str | Path, out: str | Path, layers: int) -> Path:
         save_file(deep, tmp / "model.safetensors", metadata={"format": "pt"})
 
     write_folder_atomically(out, fill)
-    tied = config.get("tie_word_embeddings", False)
-    print(f"wrote {out}: {layers} layers from {src}'s {len(set(i for i, _ in plan))}, "
-          f"{count_params(deep, tied):,} parameters from {count_params(state, tied):,}")
+    print(f"wrote {out}: {layers} layers from {src}'s {len(set(i for i, _ in plan))}")
     return out
-
-
-def count_params(state: dict, tied: bool) -> int:
-    """Parameters in a state dict; a tied lm_head shares the embedding's, so it is not counted."""
-    return sum(v.numel() for k, v in state.items() if not (tied and k == "lm_head.weight"))
 
 
 def main(argv: list[str] | None = None) -> int:

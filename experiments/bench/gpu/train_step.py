@@ -94,6 +94,7 @@ from pathlib import Path
 
 from devkit import ROOT
 from devkit.launch.training import torchrun_command
+from devkit.make_tiny_model import count_params
 
 START = time.perf_counter()
 SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab)
@@ -244,12 +245,12 @@ def qwen2_config(shape: str):
     )  # fmt: skip
 
 
-def count_params(shape: str) -> int:
+def params_of_shape(shape: str) -> int:
     import torch
     from transformers import Qwen2ForCausalLM
 
     with torch.device("meta"):
-        return sum(p.numel() for p in Qwen2ForCausalLM(qwen2_config(shape)).parameters())
+        return count_params(Qwen2ForCausalLM(qwen2_config(shape)))
 
 
 def ensure_model(shape: str) -> Path:
@@ -287,7 +288,7 @@ def forward_flops(shape: str, samples: list[Sample]) -> float:
     """Useful FLOPs of one forward over the batch (see the module docstring)."""
     hidden, layers, *_, vocab = SHAPES[shape]
     n_head = vocab * hidden
-    n_body = count_params(shape) - n_head
+    n_body = params_of_shape(shape) - n_head
     total = 0.0
     for s in samples:
         length, completion = len(s.prompt) + len(s.completion), len(s.completion)
@@ -485,7 +486,7 @@ def areal_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, profile_
     actor = build_actor(shape, n_seqs)
     samples = make_samples(n_seqs, SHAPES[shape][5])
     batch = areal_batch(samples)
-    n_params = count_params(shape)
+    n_params = params_of_shape(shape)
     shipped = shipped_setting()
     for setting in areal_settings(shipped)[:n_rows]:
         row = dict(framework="AReaL", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs, ranks=world_size(),
@@ -603,7 +604,7 @@ def trl_rows(shape: str, n_seqs: int, peak_tflops: float, steps: int, n_rows: in
 
     model_path = ensure_model(shape)
     samples = make_samples(n_seqs, SHAPES[shape][5])
-    n_params = count_params(shape)
+    n_params = params_of_shape(shape)
     padded = n_seqs * (PROMPT_LEN + max(len(s.completion) for s in samples))
     for setting in trl_settings(shipped_setting())[:n_rows]:
         row = dict(framework=f"TRL {trl.__version__}", shape=shape, params_m=round(n_params / 1e6), seqs=n_seqs, ranks=1,
