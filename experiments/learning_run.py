@@ -13,9 +13,8 @@ from evaluate.py --solved-out). Phase `grpo` serves a warm-started model
 (`--init`, default WORK/warm_start) with the dev server (which stands in for SGLang,
 unavailable on the GPU machine), measures held-out pass@1 with evaluate.py (while the
 trainer starts), trains it with train.py exactly as the SPMD launcher would (FSDPPPOActor,
-disk weight pushes to the server) until --grpo-seconds (520: what fits in a 10-minute
-call) or --grpo-steps runs out, and measures pass@1 again on the same server, now holding
-the trained weights.
+disk weight pushes to the server) until --grpo-seconds (default 520) or --grpo-steps runs
+out, and measures pass@1 again on the same server, now holding the trained weights.
 The data is regenerated when missing (same seed, same files), so the two phases can run
 on different machines. Results, logs and the learning curve are copied to OUT. With
 --save-every, the trained model is kept in WORK/final_model, and a next call goes on from
@@ -343,7 +342,7 @@ def stop_cleanly_on_sigterm() -> None:
 
 
 def copy_outputs(work: Path, out: Path) -> None:
-    """What comes back from the GPU machine (its $OUT takes a few flat files)."""
+    """The run's results, curves and logs, copied to --out as a few flat files."""
     out.mkdir(parents=True, exist_ok=True)
     for name in ["results.json", "curves.png", "curves.csv", "sft.log", "train.log", "server.log"]:
         if (work / name).exists():

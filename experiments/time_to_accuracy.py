@@ -1,4 +1,4 @@
-"""Time to accuracy (issue 23): held-out pass@1 against seconds of training, one row per device call.
+"""Time to accuracy: held-out pass@1 against seconds of training, one row per GPU session.
 
     python3 -m experiments.time_to_accuracy --row A|B|C|D --init WARM_START --out OUT [--seconds 450]
         [--eval-seconds 60] [any experiments/learning_run.py option, e.g. --train-size 50000 or --set seed=2]

@@ -1,4 +1,4 @@
-"""experiments/time_to_accuracy.py (issue 23) on CPU, with the project's tiny model.
+"""experiments/time_to_accuracy.py on CPU, with the project's tiny model.
 
 Real: row C runs TRL's GRPOTrainer for real (its generation, reward calls, loss and optimizer
 steps, the held-out callback's model.generate and scoring, the stop at --seconds), and row A
