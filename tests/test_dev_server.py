@@ -1,7 +1,6 @@
 """The dev server (devkit/dev_server/) against an in-process HF model and AReaL's real SGLang client."""
 
 import asyncio
-import os
 import subprocess
 import sys
 import threading
@@ -17,10 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import countdown  # noqa: E402
 from conftest import alive, heavy_imports  # noqa: E402
+from devkit import ROOT  # noqa: E402
 from devkit.dev_server import client  # noqa: E402
 from devkit.make_tiny_model import make_tiny_model  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_DELAY_MS = 2  # makes long requests reliably long enough to pause mid-flight
 
 

@@ -4,9 +4,8 @@ answers truthfully where areal branches on it."""
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from devkit import ROOT
 
 CHECK = """
 import ray, wandb, ray.util.placement_group as pg

@@ -25,11 +25,11 @@ from areal_patches import (
     slurm_job_exit,
 )  # fmt: skip
 from conftest import alive
+from devkit import ROOT
 from devkit.dev_server import sglang_launch_server
 from devkit.dev_server.__main__ import build_arg_parser
 from devkit.dev_server.client import find_free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 SEAM = ROOT / "devkit" / "dev_server" / "sglang_seam"
 
 

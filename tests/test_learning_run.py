@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,9 +18,9 @@ from safetensors.torch import load_file
 
 import countdown
 from conftest import alive, command_line
+from devkit import ROOT
 from sft_formats.completions import reference_completion, signs_completion, solution_steps
 
-ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "16",
        "--no-skip-uniform-groups"]  # the toy model solves nothing: no group would ever be kept
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from devkit import ROOT
 from devkit.launch.config_keys import wrong_type_problem
 from devkit.launch.config_errors import config_override_problem
 from devkit.launch.preflight import key_of_override, override_value
 
-ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ["train.py", "--config", "train_config.yaml", "scheduler.type=local"]
 
 

@@ -5,11 +5,11 @@ the overrides exist, the YAML resolves, and the allocation adds up.
 """
 
 import shlex
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from devkit import ROOT
+
 PREFIXES = ("python3 train.py ", "python3 -m areal.infra.launcher.")
 
 

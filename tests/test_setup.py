@@ -4,12 +4,11 @@ import importlib.metadata
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parent.parent
+from devkit import ROOT
 
 
 LEFT_OUT_OF_CPU_LOCK = {"torchvision", "torchaudio"}

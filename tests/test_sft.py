@@ -13,10 +13,10 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import alive, command_line, puzzle_file, ray_workers_without_fixes, tiny_model_args
+from devkit import ROOT
 from devkit.launch import ray_cluster
 from devkit.launch.training import launcher_overrides, seam_env
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 
 

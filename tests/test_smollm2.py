@@ -24,6 +24,7 @@ import countdown
 import plot
 import sft
 from conftest import puzzle_file
+from devkit import ROOT
 from devkit.dev_server.engine import Engine
 from sft_formats.completions import reference_completion
 from test_launchers import WEIGHTS_MOVE, assert_each_push_changed_the_weights, left_behind, live_processes, server_loads
@@ -31,7 +32,6 @@ from test_packed_logp import SCRIPT as PACKED_LOGP_SCRIPT
 from test_static_decode import assert_same, generate, requests
 from devkit import smollm2
 
-ROOT = Path(__file__).resolve().parent.parent
 IM_START, IM_END = 1, 2  # the GGUF's bos and eos ids
 pytestmark = pytest.mark.e2e  # the conversion alone takes half a minute
 

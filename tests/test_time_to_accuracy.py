@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from tensorboardX import SummaryWriter
 
+from devkit import ROOT
 import plot
 from experiments import time_to_accuracy as tta
 
-ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "8",
        "--batch", "4", "--n-samples", "2"]  # fmt: skip
 

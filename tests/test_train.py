@@ -21,11 +21,11 @@ import torch
 
 import countdown
 import plot
+from devkit import ROOT
 from devkit.dev_server.client import http_json, serve
 from devkit.launch import training
 from reward_score import compute_score
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(900)
 
 
