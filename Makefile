@@ -19,7 +19,7 @@ setup: $(INSTALLED)
 # libraries. The rest go in with --no-deps, which keeps pip from swapping torch back.
 # The disk check is for a first install; an existing .venv only needs what changed.
 $(INSTALLED): requirements-cpu.txt pyproject.toml
-	test -d $(VENV) || $(PYTHON) scripts/check_disk.py .
+	test -d $(VENV) || $(PYTHON) devkit/check_disk.py .
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --quiet --upgrade pip
 	$(PIP_INSTALL) "$(TORCH)"
@@ -28,7 +28,7 @@ $(INSTALLED): requirements-cpu.txt pyproject.toml
 	touch $(INSTALLED)
 
 demo: $(INSTALLED)
-	$(PY) -m tools.demo --launcher $(LAUNCHER)
+	$(PY) -m devkit.demo --launcher $(LAUNCHER)
 
 # The 15 slowest tests close the report: the suite has to stay well inside CI's 90 minutes.
 test: $(INSTALLED)
@@ -40,5 +40,5 @@ test-fast: $(INSTALLED)
 	$(PY) -m pytest -q --durations=10 -m "not launchers and not e2e" tests
 
 bench: $(INSTALLED)
-	$(PY) bench/bench_countdown.py
-	$(PY) bench/bench_reward.py
+	$(PY) experiments/bench/bench_countdown.py
+	$(PY) experiments/bench/bench_reward.py

@@ -20,7 +20,7 @@ draws only from the operators whose result lands in the target range (the attemp
 fails if there are none), and its result is the target; the puzzle is kept if its
 key (sorted numbers, target) is new. For 3-4 numbers about half the attempts succeed,
 and the run, JSONL writing included, is orders of magnitude faster than drawing a target
-and searching for a solution as the upstream AReaL example does (bench/bench_countdown.py;
+and searching for a solution as the upstream AReaL example does (experiments/bench/bench_countdown.py;
 its figures: docs/results/cpu-benchmarks.md). Every puzzle is solvable by
 construction and stores the solution that proves it. For the defaults the targets
 spread over the whole range (13% in 10-19 tapering to 9% in 90-100), about 3% of

@@ -17,7 +17,7 @@ which sft.py trains on in place of the reference solutions (rejection-sampling f
 The defaults (one greedy sample per puzzle, 1024 new tokens) match the trainer's
 evaluation, so `pass@1` here is comparable with `eval-rollout/success` in a run's logs.
 
-With `--model`, the server is the project's dev server (dev_server/) on CPU,
+With `--model`, the server is the project's dev server (devkit/dev_server/) on CPU,
 or on CUDA when a GPU is present. When SGLang is installed and a GPU is present,
 SGLang is started instead; that branch is not exercised by this repository's tests
 (they run on CPU).
@@ -42,14 +42,14 @@ from fractions import Fraction
 from pathlib import Path
 
 if __name__ == "__main__":  # the wrong Python costs one line, not a traceback
-    from launch import preflight
+    from devkit.launch import preflight
 
     preflight.require_modules("evaluate.py", ("aiohttp", "transformers"))
 
 import aiohttp
 
 import countdown
-from dev_server.client import DevServer
+from devkit.dev_server.client import DevServer
 from reward_score import Verdict, apply_operator, has_think_answer_format, judge
 
 DEFAULT_DATA = f"{countdown.DEFAULT_OUT_DIR}/{countdown.TEST_FILE}"

@@ -1,7 +1,7 @@
 """Turn a training run's metrics into a CSV and a PNG, or compare time-to-accuracy rows.
 
     python3 plot.py TB_DIR [--out curves.png] [--before PASS_AT_1] [--config CONFIG_YAML]
-    python3 plot.py --compare OUT/row_A.json OUT/row_C.json ... [--out time_to_accuracy.png]
+    python3 plot.py --compare OUT/row_A.json OUT/row_C.json ... [--reference C] [--out time_to_accuracy.png]
 
 TB_DIR is the folder of one run's TensorBoard event files, which AReaL's StatsLogger writes to
 `<fileroot>/logs/tensorboard/<experiment>/<trial>`, or any folder above it that holds only
@@ -13,10 +13,11 @@ and greedy for the held-out puzzles in this project's configs, which is why the 
 success sits below the held-out one. The success-by-number-count panel is drawn only when
 the run logged more than one number count.
 
-`--compare` draws the rows written by scripts/time_to_accuracy.py in one panel: held-out
+`--compare` draws the rows written by experiments/time_to_accuracy.py in one panel: held-out
 pass@1 against seconds of training since the first rollout, one line per row (its points,
-then its final evaluation), with the row's steps per minute in the legend. When a row C (TRL)
-is among them, it also prints how soon each row reaches C's final pass@1.
+then its final evaluation), with the row's steps per minute in the legend. When the reference
+row (`--reference`, C by default: TRL's) is among them, it also prints how soon each row
+reaches the reference's final pass@1.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 if __name__ == "__main__":  # the wrong Python costs one line, not a traceback
-    from launch import preflight
+    from devkit.launch import preflight
 
     preflight.require_modules("plot.py", ("matplotlib", "tensorboard"))
 
@@ -275,10 +276,10 @@ def seconds_to_reach(row: dict, target: float) -> float | None:
 def speedup_table(rows: list[dict], references: list[dict]) -> str:
     """How soon each row reaches the reference rows' final pass@1, against their whole run.
 
-    This is issue 23's measure: "A reaches C's final held-out pass@1 in at most half of C's
-    wall time"; the ratio is the reference's training seconds over the row's. With several
-    runs of C (seeds), the reference is their mean final pass@1 and mean training seconds, so
-    that no single seed's luck sets the bar.
+    The time-to-accuracy measure ("A reaches C's final held-out pass@1 in at most half of C's
+    wall time"): the ratio is the reference's training seconds over the row's. With several
+    runs of the reference row (seeds), the reference is their mean final pass@1 and mean
+    training seconds, so that no single seed's luck sets the bar.
     """
     target = sum(row["final"]["pass@1"]["all"] for row in references) / len(references)
     whole = sum(row["final"]["seconds"] for row in references) / len(references)
@@ -320,7 +321,7 @@ ROW_FIELDS = ("row", "description", "device", "date", "steps_per_minute", "point
 
 
 def read_row(path: Path) -> dict:
-    """A row file of scripts/time_to_accuracy.py; ValueError naming the file when it cannot be
+    """A row file of experiments/time_to_accuracy.py; ValueError naming the file when it cannot be
     read, is not JSON or lacks a field the figure and the table use."""
     try:
         row = json.loads(path.read_text())
@@ -328,14 +329,14 @@ def read_row(path: Path) -> dict:
         raise ValueError(f"cannot read a row: {e}") from e
     except ValueError as e:
         raise ValueError(f"{path}: not a JSON row file ({e}); write it again with "
-                         "python3 -m scripts.time_to_accuracy") from e  # fmt: skip
+                         "python3 -m experiments.time_to_accuracy") from e  # fmt: skip
     missing = [field for field in ROW_FIELDS if not isinstance(row, dict) or field not in row]
     if missing:
-        raise ValueError(f"{path}: not a row of scripts/time_to_accuracy.py (no {', '.join(missing)})")
+        raise ValueError(f"{path}: not a row of experiments/time_to_accuracy.py (no {', '.join(missing)})")
     return row
 
 
-def compare(row_files: list[Path], out: Path | None) -> int:
+def compare(row_files: list[Path], out: Path | None, reference: str = "C") -> int:
     try:
         rows = [read_row(path) for path in row_files]
     except ValueError as e:
@@ -344,7 +345,7 @@ def compare(row_files: list[Path], out: Path | None) -> int:
     out = out or row_files[0].parent / "time_to_accuracy.png"
     compare_figure(rows).savefig(out, dpi=120)
     print(f"wrote {out} ({len(rows)} rows)")
-    references = [row for row in rows if row["row"] == "C"]
+    references = [row for row in rows if row["row"] == reference]
     if references:
         print(speedup_table(rows, references))
     return 0
@@ -354,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, nargs="?", help="folder of one run's TensorBoard event files")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="ROW_JSON",
-                        help="row files of scripts/time_to_accuracy.py, drawn in one figure")
+                        help="row files of experiments/time_to_accuracy.py, drawn in one figure")
+    parser.add_argument("--reference", default="C", metavar="ROW",
+                        help="with --compare: the row whose final pass@1 the others race to (default %(default)s, TRL's)")
     parser.add_argument("--before", type=float, metavar="PASS_AT_1",
                         help="held-out pass@1 before training (e.g. the CPU demo's warm start), drawn as a line")
     parser.add_argument("--config", type=Path, metavar="CONFIG_YAML",
@@ -367,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.run_dir is None) == (args.compare is None):
         parser.error("give TB_DIR, or --compare with row files, not both")
     if args.compare:
-        return compare(args.compare, args.out)
+        return compare(args.compare, args.out, args.reference)
     try:
         run = read_run(args.run_dir)
         config = read_config(args.config) if args.config else None

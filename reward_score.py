@@ -24,7 +24,7 @@ non-recursive (shunting-yard); every scan is a linear str method or a regex made
 of a single character class, so there is no backtracking; and the answer length cap
 bounds the parser's work and the size of every intermediate integer. A realistic
 completion is scored in about 10 us, a 10 MB adversarial one in a few ms
-(bench/bench_reward.py), and `compute_score` never raises because of the
+(experiments/bench/bench_reward.py), and `compute_score` never raises because of the
 completion. A malformed `ground_truth` is a data or programming error and raises
 ValueError instead of being scored as a wrong answer.
 """
@@ -91,45 +91,27 @@ def judge(solution_str: object, ground_truth: Mapping) -> Verdict:
     """Classify a completion. Checks run in this order, the first failure deciding:
     answer block present, length and grammar (INVALID_EXPRESSION), numbers used,
     division by zero (INVALID_EXPRESSION), value."""
-    return _judge_with_miss(solution_str, ground_truth)[0]
-
-
-def closeness(solution_str: object, ground_truth: Mapping) -> float:
-    """1 / (1 + |value - target|) for an answer that uses exactly the puzzle's numbers
-    (1.0 when it is correct), 0.0 for any other completion.
-
-    Not part of `compute_score`: an opt-in shaping term for training (train.py's
-    `closeness_bonus`), so that a puzzle whose samples all fail still ranks them,
-    a near miss above a far one. Bounded and safe as `judge` is, whose checks it runs.
-    """
-    miss = _judge_with_miss(solution_str, ground_truth)[1]
-    return 0.0 if miss is None else float(1 / (1 + miss))  # exact first: a huge miss is no float
-
-
-def _judge_with_miss(solution_str: object, ground_truth: Mapping) -> tuple[Verdict, int | Fraction | None]:
-    """`judge`'s verdict, and |value - target| when the answer uses the right numbers."""
     target, nums = _parse_ground_truth(ground_truth)  # validated even if there is no answer
     if not isinstance(solution_str, str):
-        return Verdict.NO_ANSWER, None
+        return Verdict.NO_ANSWER
     start = _answer_start(solution_str)
     if start < 0:
-        return Verdict.NO_ANSWER, None
+        return Verdict.NO_ANSWER
     end = solution_str.find(CLOSE, start, start + MAX_ANSWER_CHARS + len(CLOSE))  # never scans further
     if end < 0:
-        return Verdict.INVALID_EXPRESSION, None  # longer than MAX_ANSWER_CHARS
+        return Verdict.INVALID_EXPRESSION  # longer than MAX_ANSWER_CHARS
     parsed = _parse(_drop_result(solution_str[start:end]))
     if parsed is None:
-        return Verdict.INVALID_EXPRESSION, None
+        return Verdict.INVALID_EXPRESSION
     postfix, literals = parsed
     # Literal strings, compared before any conversion (leading zeros are rejected,
     # so equal strings mean equal numbers).
     if sorted(literals) != sorted(map(str, nums)):
-        return Verdict.WRONG_NUMBERS, None
+        return Verdict.WRONG_NUMBERS
     value = evaluate(postfix)
     if value is None:
-        return Verdict.INVALID_EXPRESSION, None  # division by zero
-    miss = abs(value - target)
-    return (Verdict.CORRECT if miss == 0 else Verdict.WRONG_VALUE), miss
+        return Verdict.INVALID_EXPRESSION  # division by zero
+    return Verdict.CORRECT if value == target else Verdict.WRONG_VALUE
 
 
 def extract_answer(solution_str: object) -> str | None:

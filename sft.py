@@ -1,6 +1,6 @@
 """Supervised warm start on countdown.py's reference solutions, with AReaL's SFTTrainer.
 
-A model built from scratch (tools/make_tiny_model.py) cannot earn any reward, so GRPO would
+A model built from scratch (devkit/make_tiny_model.py) cannot earn any reward, so GRPO would
 have nothing to reinforce. A short round of supervised fine-tuning on the stored solutions,
 written in the `<think>...</think><answer>...</answer>` format (sft_formats/completions.py),
 gives it a non-zero success rate to start from (docs/results/learning.md).
@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 
 if __name__ == "__main__":  # a mistake costs one line, not the slow imports below
-    from launch import preflight
+    from devkit.launch import preflight
 
     preflight.check_trainer_command("sft.py", sys.argv[1:], ("train_dataset.path",))
 
@@ -34,8 +34,8 @@ from datasets import Dataset
 
 import countdown
 import areal_patches
-from areal_patches import clean_exit, config_errors, ray_workers
-from launch import preflight
+from areal_patches import clean_exit, ray_workers
+from devkit.launch import config_errors, preflight
 from sft_formats.completions import failed_attempts, reference_completion, signs_completion
 from areal import SFTTrainer
 from areal.api.cli_args import SFTConfig
@@ -150,7 +150,7 @@ def use_deterministic_kernels() -> None:
 
 
 def main(argv: list[str]) -> None:
-    areal_patches.install(weight_push=False, fast_step=False)  # no rollouts; SFTTrainer's LM engine
+    areal_patches.apply(skip={"weight_push", "fast_step"})  # no rollouts; SFTTrainer's LM engine
     config, _ = config_errors.load_config(argv, WarmStartConfig, "sft.py")
     if config.deterministic:
         use_deterministic_kernels()

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 if __name__ == "__main__":  # a mistake costs one line, not the slow imports below
-    from launch import preflight
+    from devkit.launch import preflight
 
     preflight.check_trainer_command("train.py", sys.argv[1:], ("train_dataset.path", "valid_dataset.path"))
 
@@ -27,14 +27,14 @@ from transformers import PreTrainedTokenizerFast
 
 import areal_patches
 import countdown
-from areal_patches import clean_exit, config_errors, ray_workers, server_watchdog
-from launch import preflight
+from areal_patches import clean_exit, ray_workers, server_watchdog
+from devkit.launch import config_errors, preflight
 from areal import PPOTrainer, workflow_context
 from areal.api import InferenceEngine, ModelRequest, RolloutWorkflow
 from areal.api.cli_args import GenerationHyperparameters, GRPOConfig, PPOActorConfig
 from areal.utils import stats_tracker
 from areal.utils.hf_utils import load_hf_tokenizer
-from reward_score import SOLVED_SCORE, closeness, compute_score, has_think_answer_format
+from reward_score import SOLVED_SCORE, compute_score, has_think_answer_format
 
 
 class CountDownWorkflow(RolloutWorkflow):
@@ -45,17 +45,11 @@ class CountDownWorkflow(RolloutWorkflow):
     shrink the group and shift every later group's reward normalisation.
     """
 
-    def __init__(
-        self,
-        gconfig: GenerationHyperparameters,
-        tokenizer: PreTrainedTokenizerFast | str,
-        closeness_bonus: float = 0.0,
-    ):
+    def __init__(self, gconfig: GenerationHyperparameters, tokenizer: PreTrainedTokenizerFast | str):
         if isinstance(tokenizer, str):
             tokenizer = load_hf_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer).new(n_samples=1)
-        self.closeness_bonus = closeness_bonus
 
     async def arun_episode(self, engine: InferenceEngine, data: dict) -> dict:
         prompt_ids = countdown.prompt_token_ids(self.tokenizer, data["messages"])
@@ -67,29 +61,14 @@ class CountDownWorkflow(RolloutWorkflow):
         )
         response = await engine.agenerate(request)
         completion = self.tokenizer.decode(response.output_tokens, skip_special_tokens=True)
-        score = compute_score(completion, data)
-        reward = shaped_reward(score, completion, data, self.closeness_bonus)
-        log_episode_stats(data, completion, score, reward, response.output_len, response.stop_reason)
+        reward = compute_score(completion, data)
+        log_episode_stats(data, completion, reward, response.output_len, response.stop_reason)
         return trajectory(response, reward)
 
 
-def shaped_reward(score: float, completion: str, data: dict, closeness_bonus: float) -> float:
-    """compute_score's score, plus `closeness_bonus` times `closeness` for an unsolved answer.
-
-    Why: once every sample of a puzzle fails, the scores are all equal and the puzzle teaches
-    nothing; the bonus ranks such samples, a near miss above a far one. A solved sample
-    keeps its score, above any unsolved one (the config keeps the bonus below 0.9).
-    """
-    if closeness_bonus == 0 or score == SOLVED_SCORE:
-        return score
-    return score + closeness_bonus * closeness(completion, data)
-
-
-def log_episode_stats(
-    data: dict, completion: str, score: float, reward: float, completion_len: int, stop_reason: str
-) -> None:
+def log_episode_stats(data: dict, completion: str, reward: float, completion_len: int, stop_reason: str) -> None:
     """Per-episode scalars; AReaL averages them per step under `rollout/` or `eval-rollout/`."""
-    solved = float(score == SOLVED_SCORE)
+    solved = float(reward == SOLVED_SCORE)
     stats_tracker.get(workflow_context.stat_scope()).scalar(
         reward=reward,
         success=solved,
@@ -132,30 +111,6 @@ class CountDownActorConfig(PPOActorConfig):
         metadata={"help": "with gradient checkpointing on, the last N decoder layers keep their "
                   "activations (areal_patches/fast_step.py): faster steps for more memory; 0 is AReaL's"},
     )
-    pass_at_k: int = field(
-        default=1,
-        metadata={"help": "k > 1: advantages for pass@k, not pass@1, over each group of n_samples "
-                  "(areal_patches/pass_at_k.py); 1 is AReaL's reward_norm"},
-    )
-    entropy_coef: float = field(
-        default=0.0,
-        metadata={"help": "c > 0: the loss less c times the mean token entropy "
-                  "(areal_patches/entropy_bonus.py); 0 is AReaL's loss"},
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        group_size = self.reward_norm.group_size if self.reward_norm else 0
-        if not 1 <= self.pass_at_k <= max(group_size, 1):
-            raise ValueError(
-                f"actor.pass_at_k={self.pass_at_k}: use 1 (GRPO's pass@1), or a k of at most the "
-                f"group size, gconfig.n_samples (actor.reward_norm.group_size={group_size})"
-            )
-        if self.entropy_coef < 0:
-            raise ValueError(
-                f"actor.entropy_coef={self.entropy_coef}: use 0 (AReaL's loss) or a positive "
-                "bonus; a negative one would narrow the policy further"
-            )
 
 
 @dataclass
@@ -167,19 +122,6 @@ class CountDownConfig(GRPOConfig):
     server_health_grace: float = field(
         default=60.0, metadata={"help": "seconds a rollout server may not answer before the run stops (0: never)"}
     )
-    closeness_bonus: float = field(
-        default=0.0,
-        metadata={"help": "training reward only: an unsolved answer with the right numbers earns this "
-                  "times reward_score.closeness more (train.shaped_reward); 0 is compute_score alone"},
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not 0 <= self.closeness_bonus < 0.9:
-            raise ValueError(
-                f"closeness_bonus={self.closeness_bonus}: use 0 (compute_score alone) or a bonus below "
-                "0.9, so that an unsolved answer (format score 0.1, plus the bonus) scores below a solved one"
-            )
 
 
 def load_split(path: str) -> Dataset:
@@ -201,7 +143,7 @@ def start_trainer(config: GRPOConfig, train_set: Dataset, valid_set: Dataset) ->
 
 
 def main(argv: list[str]) -> None:
-    areal_patches.install()  # in this process: the trainer under the SPMD launchers
+    areal_patches.apply()  # in this process: the trainer under the SPMD launchers
     config, _ = config_errors.load_config(argv, CountDownConfig, "train.py")
     try:
         preflight.check_model_path(config.actor.path)
@@ -217,7 +159,7 @@ def main(argv: list[str]) -> None:
         server_watchdog.watch_rollout_servers(trainer, config.server_health_grace)
         trainer.train(
             workflow="train.CountDownWorkflow",
-            workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path, closeness_bonus=config.closeness_bonus),
+            workflow_kwargs=dict(gconfig=config.gconfig, tokenizer=tokenizer_path),
             eval_workflow="train.CountDownWorkflow",
             eval_workflow_kwargs=dict(gconfig=config.eval_gconfig, tokenizer=tokenizer_path),
             dynamic_filter_fn="train.has_reward_spread" if config.skip_uniform_groups else None,

@@ -18,7 +18,7 @@ Effect: the posts run in a pool of their own (`get_executor("rollout_callbacks")
 per-scope pools, which its docstring recommends against such deadlocks), so a load never
 queues behind them; a post that waits for the busy server is answered once the push ends.
 
-Off: `areal_patches.install(callback_pool=False)`.
+Off: `areal_patches.apply(skip={"callback_pool"})`.
 
 Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag (posts and
 loads share `get_executor()`; the callback server is single-threaded); not reported.

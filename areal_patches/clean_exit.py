@@ -19,7 +19,7 @@ finished `SIGTERM_GRACE_SECONDS` later ends with the same kill and `os._exit`. `
 makes `LocalScheduler.__del__` do nothing once the interpreter is shutting down, when nothing
 it would stop is left.
 
-Off: `areal_patches.install(clean_exit=False)` leaves `__del__` as it is; `no_process_left`
+Off: `areal_patches.apply(skip={"clean_exit"})` leaves `__del__` as it is; `no_process_left`
 is the project's own policy (the run's processes end with it) and has no switch.
 
 Upstream: `LocalScheduler.__del__` unchanged on AReaL's main as of cbff54d (2026-08-22) and in

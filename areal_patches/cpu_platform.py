@@ -8,7 +8,7 @@ areal.infra.launcher.sglang_server ...` and the shell stops at `/bin/sh: 1: =0: 
 Effect: the CPU platform names `CUDA_VISIBLE_DEVICES`, which nothing reads on a machine
 without GPUs, so the launcher's job commands are well formed and every job starts.
 
-Where and how to turn it off: only CPU runs apply it, through dev_server/sglang_seam (whose
+Where and how to turn it off: only CPU runs apply it, through devkit/dev_server/sglang_seam (whose
 `sitecustomize` calls `install()` right after AReaL imports its CPU platform module): the
 launcher process is AReaL's own `__main__`, so nothing of the project runs there earlier. GPU
 machines use `CudaPlatform` and never reach this; a run without the seam on PYTHONPATH has

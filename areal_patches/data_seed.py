@@ -11,7 +11,7 @@ gives AReaL's order. A run recovered with the same `seed` replays the same order
 with train.py on CPU (docs/results/areal-fixes.md, "What seed meant"): before, seeds 1 and 2 drew the same
 puzzles at each step; after, they draw different ones, and a seed repeats its own.
 
-Off: `areal_patches.install(data_seed=False)`.
+Off: `areal_patches.apply(skip={"data_seed"})`.
 
 Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag; not
 reported.
@@ -19,9 +19,9 @@ reported.
 
 from __future__ import annotations
 
-import functools
-
 from torch.utils.data import DistributedSampler
+
+from areal_patches.patching import wrap_once
 
 
 def install() -> None:
@@ -29,21 +29,16 @@ def install() -> None:
     from areal.trainer.sft_trainer import SFTTrainer
 
     for trainer in (PPOTrainer, SFTTrainer):
-        original = trainer._create_dataloader
-        if getattr(original, "seeds_sampler", False):
-            continue
-        trainer._create_dataloader = seeded(original)
+        wrap_once(trainer, "_create_dataloader", seeded, "seeds_sampler")
 
 
 def seeded(create_dataloader):
     """`create_dataloader`, with its sampler shuffling by the trainer's `config.seed`."""
 
-    @functools.wraps(create_dataloader)
     def _create_dataloader(self, *args, **kwargs):
         loader = create_dataloader(self, *args, **kwargs)
         if isinstance(loader.sampler, DistributedSampler):
             loader.sampler.seed = self.config.seed
         return loader
 
-    _create_dataloader.seeds_sampler = True
     return _create_dataloader

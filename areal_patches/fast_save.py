@@ -14,7 +14,7 @@ tokenizer and the barrier are upstream's. The folder holds the same bytes
 (tests/test_fast_save.py compares them). The pinned copy stays allocated in the trainer
 process: the size of the model in its compute dtype, on rank 0.
 
-Off: `areal_patches.install(fast_save=False)`.
+Off: `areal_patches.apply(skip={"fast_save"})`.
 
 Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) (`cpu_offload=True`, the cast on
 the host); not reported.
@@ -22,7 +22,6 @@ the host); not reported.
 
 from __future__ import annotations
 
-import functools
 import os
 
 
@@ -69,25 +68,24 @@ def install() -> None:
     import torch.distributed as dist
     from areal.engine.fsdp_engine import FSDPEngine
 
-    original = FSDPEngine._save_model_to_hf
-    if getattr(original, "casts_on_gpu", False):
-        return
+    from areal_patches.patching import wrap_once
 
-    @functools.wraps(original)
-    def _save_model_to_hf(self, path, tokenizer, processor) -> None:
-        if self.model is None:
-            raise RuntimeError("Model not initialized")
-        os.makedirs(path, exist_ok=True)
-        pinned = self.__dict__.setdefault("_fast_save_buffers", {})
-        state_dict = host_copies(self, pinned)
-        if dist.get_rank() == 0:
-            self.model.save_pretrained(path, state_dict=state_dict)
-            self.model_config.save_pretrained(path)
-            if tokenizer is not None and not self.config.use_lora:
-                tokenizer.save_pretrained(path)
-            if processor is not None and not self.config.use_lora:
-                processor.save_pretrained(path)
-        dist.barrier(group=self.cpu_group)
+    def cast_on_gpu(original):
+        def _save_model_to_hf(self, path, tokenizer, processor) -> None:
+            if self.model is None:
+                raise RuntimeError("Model not initialized")
+            os.makedirs(path, exist_ok=True)
+            pinned = self.__dict__.setdefault("_fast_save_buffers", {})
+            state_dict = host_copies(self, pinned)
+            if dist.get_rank() == 0:
+                self.model.save_pretrained(path, state_dict=state_dict)
+                self.model_config.save_pretrained(path)
+                if tokenizer is not None and not self.config.use_lora:
+                    tokenizer.save_pretrained(path)
+                if processor is not None and not self.config.use_lora:
+                    processor.save_pretrained(path)
+            dist.barrier(group=self.cpu_group)
 
-    _save_model_to_hf.casts_on_gpu = True
-    FSDPEngine._save_model_to_hf = _save_model_to_hf
+        return _save_model_to_hf
+
+    wrap_once(FSDPEngine, "_save_model_to_hf", cast_on_gpu, "casts_on_gpu")

@@ -1,6 +1,6 @@
 """Make areal 1.0.4's FSDP training step faster on GPUs, without changing what it computes.
 
-Why this module exists: bench/gpu/train_step.py --profile charges every kernel of a GRPO step
+Why this module exists: experiments/bench/gpu/train_step.py --profile charges every kernel of a GRPO step
 of the FSDPPPOActor, and every gap in which the GPU waited, to the part of AReaL's step that
 launched it. Seven costs there were not the model's own work (docs/results/throughput.md):
 
@@ -39,7 +39,7 @@ forward runs again in the backward; the last N layers (`actor.layers_not_checkpo
 train_config.yaml, 0 turns it off) keep their activations instead, for a faster step
 at the cost of each such layer's activation memory (docs/results/throughput.md, "Sixth session").
 
-`install()` applies all eight in this process, through `areal_patches.install()`: train.py's
+`install()` applies all eight in this process, through `areal_patches.apply()`: train.py's
 `main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in AReaL's RPC workers.
 Compilation only happens for models on CUDA (the CPU demo and tests run uncompiled);
 `TORCHDYNAMO_DISABLE=1` turns it off.
@@ -55,9 +55,9 @@ step on main as of cbff54d (2026-08-22) (GAE is still a loop over positions); no
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from areal_patches.patching import wrap_once
 
 def pack_tensor_dict(data: dict) -> dict:
     """`areal.utils.data.pack_tensor_dict` with one host sync in all: [B, S, ...] tensors
@@ -351,11 +351,12 @@ def install() -> None:
     if grad.l2_norm_impl is multi_tensor_apply.local_multi_tensor_l2_norm:
         grad.l2_norm_impl = multi_tensor_l2norm
         grad.multi_tensor_scale_impl = multi_tensor_scale
-    create = fsdp_engine.FSDPEngine._create_device_model
-    if getattr(create, "compiles_layers", False):
-        return
+    wrap_once(fsdp_engine.FSDPEngine, "_create_device_model", compiled_after, "compiles_layers")
 
-    @functools.wraps(create)
+
+def compiled_after(create):
+    """`FSDPEngine._create_device_model`, then the activations kept and the layers compiled."""
+
     def create_and_compile(self) -> None:
         create(self)
         # train.py's actor config has the field; other configs keep AReaL's behaviour
@@ -365,5 +366,4 @@ def install() -> None:
         if self.device.type == "cuda":
             compile_decoder_layers(self.model)
 
-    create_and_compile.compiles_layers = True
-    fsdp_engine.FSDPEngine._create_device_model = create_and_compile
+    return create_and_compile

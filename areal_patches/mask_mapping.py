@@ -19,7 +19,7 @@ and in the modules that imported it already (each holds its own reference).
 Effect: Llama (and any decoder that hands its mask to `create_causal_mask`) trains; Qwen2
 and every mask that is not a mapping are untouched
 (tests/test_smollm2.py checks a packed batch's log-probs against unpacked forwards). Off:
-`install(mask_mapping=False)`.
+`areal_patches.apply(skip={"mask_mapping"})`.
 
 Upstream: reported as AReaL issue #1557 (closed as stale, not fixed); unchanged on AReaL's main
 as of cbff54d (2026-08-22) and in the v2.0.0 tag.
@@ -27,20 +27,18 @@ as of cbff54d (2026-08-22) and in the v2.0.0 tag.
 
 from __future__ import annotations
 
-import functools
+from areal_patches.patching import wrap_once
 
 
 def takes_a_mapping(create_causal_mask):
     """`create_causal_mask` that answers a per-attention-type mapping with its full-attention mask."""
 
-    @functools.wraps(create_causal_mask)
     def wrapper(*args, **kwargs):
         mask = kwargs.get("attention_mask")
         if isinstance(mask, dict):
             return mask["full_attention"]
         return create_causal_mask(*args, **kwargs)
 
-    wrapper.takes_a_mapping = True
     return wrapper
 
 
@@ -50,10 +48,7 @@ def install() -> None:
     from transformers import masking_utils
 
     original = masking_utils.create_causal_mask
-    if getattr(original, "takes_a_mapping", False):
-        return
-    wrapped = takes_a_mapping(original)
-    masking_utils.create_causal_mask = wrapped
+    wrapped = wrap_once(masking_utils, "create_causal_mask", takes_a_mapping, "takes_a_mapping")
     for module in list(sys.modules.values()):  # __dict__: transformers' lazy modules import nothing
         if getattr(module, "__dict__", {}).get("create_causal_mask") is original:
             module.create_causal_mask = wrapped

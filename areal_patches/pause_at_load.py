@@ -16,7 +16,7 @@ that produced it, and the load, the versions and the continue are upstream's. Th
 on the trainer's clock (`timeperf/update_weights`); what changes is how long the servers are
 paused, which their own logs show (docs/results/areal-fixes.md, "Generation paused for the load only").
 
-Off: `areal_patches.install(pause_at_load=False)`.
+Off: `areal_patches.apply(skip={"pause_at_load"})`.
 
 Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag (the push
 still pauses before the save); not reported.
@@ -24,8 +24,9 @@ still pauses before the save); not reported.
 
 from __future__ import annotations
 
-import functools
 from concurrent.futures import Future
+
+from areal_patches.patching import wrap_once
 
 
 class PauseAtLoad:
@@ -68,28 +69,25 @@ def install() -> None:
     import torch.distributed as dist
     from areal.engine.fsdp_engine import FSDPEngine
 
-    original = FSDPEngine._update_weights_from_disk
-    if getattr(original, "pauses_at_load", False):
-        return
+    def load_paused(original):
+        def _update_weights_from_disk(self, meta) -> None:
+            if dist.get_rank() != 0:  # only rank 0 talks to the servers
+                return original(self, meta)
+            servers, save = self.rollout_engine, self._save_model_to_hf
+            held = PauseAtLoad(servers)
 
-    @functools.wraps(original)
-    def _update_weights_from_disk(self, meta) -> None:
-        if dist.get_rank() != 0:  # only rank 0 talks to the servers
-            return original(self, meta)
-        servers, save = self.rollout_engine, self._save_model_to_hf
-        held = PauseAtLoad(servers)
+            def save_then_load(*args, **kwargs) -> None:
+                save(*args, **kwargs)
+                held.start_load()
 
-        def save_then_load(*args, **kwargs) -> None:
-            save(*args, **kwargs)
-            held.start_load()
+            # Instance attributes shadow the engine's for this one call.
+            self.rollout_engine, self._save_model_to_hf = held, save_then_load
+            try:
+                original(self, meta)
+            finally:
+                self.rollout_engine = servers
+                del self._save_model_to_hf
 
-        # Instance attributes shadow the engine's for this one call.
-        self.rollout_engine, self._save_model_to_hf = held, save_then_load
-        try:
-            original(self, meta)
-        finally:
-            self.rollout_engine = servers
-            del self._save_model_to_hf
+        return _update_weights_from_disk
 
-    _update_weights_from_disk.pauses_at_load = True
-    FSDPEngine._update_weights_from_disk = _update_weights_from_disk
+    wrap_once(FSDPEngine, "_update_weights_from_disk", load_paused, "pauses_at_load")

@@ -14,7 +14,7 @@ seed still decides the data order, the sampling and the initial weights. Measure
 demos started together on CPU (docs/results/areal-fixes.md, "Two runs with one seed on one
 machine").
 
-Off: `areal_patches.install(port_draw=False)`.
+Off: `areal_patches.apply(skip={"port_draw"})`.
 
 Upstream: `find_free_ports` still draws from the module-level `random` on AReaL's main as of
 cbff54d (2026-08-22) and in the v2.0.0 tag (PR #1436 changed only its range check); not

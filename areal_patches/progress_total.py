@@ -9,7 +9,7 @@ Effect: M is the step the run ends at, the smaller of the two. Only the stats lo
 of the spec changes; the learning-rate schedule, saver, evaluator and recover handler keep
 AReaL's.
 
-Off: `areal_patches.install(progress_total=False)`.
+Off: `areal_patches.apply(skip={"progress_total"})`.
 
 Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag; not
 reported.
@@ -18,9 +18,10 @@ reported.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from areal.api.io_struct import FinetuneSpec
+
+from areal_patches.patching import wrap_once
 
 
 @dataclasses.dataclass
@@ -44,14 +45,11 @@ def run_spec(spec: FinetuneSpec, total_train_steps: int | None) -> FinetuneSpec:
 def install() -> None:
     from areal.utils.stats_logger import StatsLogger
 
-    original = StatsLogger.__init__
-    if getattr(original, "counts_run_total", False):
-        return
+    def counting_run_total(original):
+        def __init__(self, config, ft_spec: FinetuneSpec) -> None:
+            original(self, config, ft_spec)
+            self.ft_spec = run_spec(ft_spec, getattr(config, "total_train_steps", None))
 
-    @functools.wraps(original)
-    def __init__(self, config, ft_spec: FinetuneSpec) -> None:
-        original(self, config, ft_spec)
-        self.ft_spec = run_spec(ft_spec, getattr(config, "total_train_steps", None))
+        return __init__
 
-    __init__.counts_run_total = True
-    StatsLogger.__init__ = __init__
+    wrap_once(StatsLogger, "__init__", counting_run_total, "counts_run_total")

@@ -4,8 +4,8 @@ Upstream behaviour (areal 1.0.4): `RayScheduler` starts every training and rollo
 a Ray actor running AReaL's `RayRPCServer`; it never reads `scheduling_spec.cmd`, so
 `python3 -m areal_patches.worker` (train_config.yaml's worker command, which installs the
 fixes under the local and Slurm schedulers) never runs. The workers then compute and train
-on AReaL's code as released: packed sequences attend to each other under `sdpa`, and
-`actor.pass_at_k` and `actor.entropy_coef` are silently ignored.
+on AReaL's code as released: packed sequences attend to each other under `sdpa`, and none
+of the other fixes apply.
 
 Effect: `install` connects the controller to Ray before AReaL does, with Ray's
 `worker_process_setup_hook`, which runs `setup_worker` in every worker process of the job
@@ -77,5 +77,5 @@ def setup_worker() -> None:
     """Ray runs this in each new worker process of the job: the fixes, as areal_patches.worker."""
     import areal_patches
 
-    areal_patches.install()
+    areal_patches.apply()
     print(f"{INSTALLED} (pid {os.getpid()})", flush=True)

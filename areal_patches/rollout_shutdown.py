@@ -16,7 +16,7 @@ dispatcher that awaited them is gone), and the server stops once the workers are
 a late callback is answered 200 and resolves nothing. Everything else in `destroy` runs as
 upstream, in its order.
 
-Off: `areal_patches.install(rollout_shutdown=False)`.
+Off: `areal_patches.apply(skip={"rollout_shutdown"})`.
 
 Upstream: `RolloutController.destroy` unchanged on AReaL's main as of cbff54d (2026-08-22) and
 in the v2.0.0 tag; not reported.
@@ -25,6 +25,8 @@ in the v2.0.0 tag; not reported.
 from __future__ import annotations
 
 import functools
+
+from areal_patches.patching import wrap_once
 
 
 def forget_waits(controller) -> None:
@@ -37,20 +39,17 @@ def forget_waits(controller) -> None:
 def install() -> None:
     from areal.infra.controller.rollout_controller import RolloutController
 
-    original = RolloutController.destroy
-    if getattr(original, "stops_callback_server_last", False):
-        return
+    def callback_server_last(original):
+        def destroy(self) -> None:
+            # Upstream's destroy calls `self._stop_callback_server()` right after the dispatcher;
+            # an instance attribute shadows the method for that one call.
+            self._stop_callback_server = functools.partial(forget_waits, self)
+            try:
+                original(self)
+            finally:
+                del self._stop_callback_server
+                self._stop_callback_server()
 
-    @functools.wraps(original)
-    def destroy(self) -> None:
-        # Upstream's destroy calls `self._stop_callback_server()` right after the dispatcher;
-        # an instance attribute shadows the method for that one call.
-        self._stop_callback_server = functools.partial(forget_waits, self)
-        try:
-            original(self)
-        finally:
-            del self._stop_callback_server
-            self._stop_callback_server()
+        return destroy
 
-    destroy.stops_callback_server_last = True
-    RolloutController.destroy = destroy
+    wrap_once(RolloutController, "destroy", callback_server_last, "stops_callback_server_last")

@@ -15,7 +15,7 @@ runs in other processes and never overlaps) keep AReaL's `update`. What the GPU 
 showed, and a CPU check where the overlap did not occur: docs/results/areal-fixes.md ("A step's rollout
 scalars").
 
-Off: `areal_patches.install(rollout_stats=False)`.
+Off: `areal_patches.apply(skip={"rollout_stats"})`.
 
 Upstream: `PPOTrainer._export_and_commit_stats` unchanged on AReaL's main as of cbff54d
 (2026-08-22) and in the v2.0.0 tag; not reported (AReaL issue #1477, fixed by PR #1478,

@@ -9,7 +9,7 @@ server's own error long scrolled away.
 Effect: every poll also checks the server process; once it has exited, the wait ends at once
 with an error naming the server, its exit code and where its own error is.
 
-Off: `areal_patches.install(server_start=False)`.
+Off: `areal_patches.apply(skip={"server_start"})`.
 
 Upstream: fixed on main in ddec7e9 (PR #1545: the wait polls the process and raises at once),
 after the v2.0.0 tag and in no release on PyPI; drop this fix once an areal release after 1.0.4

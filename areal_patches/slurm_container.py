@@ -11,7 +11,7 @@ its start-up timeout (300 s) before `WorkerTimeoutError: Timeout waiting for wor
 Effect: each job's sbatch script is written with its own spec's `container_type` and `mount`:
 `container_type: none` runs the worker command as it is, `apptainer` (the default) as before.
 
-Off: `install(slurm_container=False)`.
+Off: `areal_patches.apply(skip={"slurm_container"})`.
 
 Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) and in the v2.0.0 tag (the
 trainers still build `SlurmScheduler(exp_config=...)` with the constructor's container
@@ -20,23 +20,21 @@ defaults); not reported.
 
 from __future__ import annotations
 
-import functools
 import inspect
+
+from areal_patches.patching import wrap_once
 
 
 def install() -> None:
     from areal.infra.scheduler.slurm import SlurmScheduler
 
-    if getattr(SlurmScheduler._generate_sbatch_script, "reads_spec_container", False):
-        return
-    SlurmScheduler._generate_sbatch_script = with_spec_container(SlurmScheduler._generate_sbatch_script)
+    wrap_once(SlurmScheduler, "_generate_sbatch_script", with_spec_container, "reads_spec_container")
 
 
 def with_spec_container(generate):
     """`SlurmScheduler._generate_sbatch_script`, with the job's first spec's container settings."""
     signature = inspect.signature(generate)
 
-    @functools.wraps(generate)
     def _generate_sbatch_script(self, *args, **kwargs):
         spec = signature.bind(self, *args, **kwargs).arguments["schedulings"][0]
         saved = self.container_type, self.container_mounts
@@ -46,5 +44,4 @@ def with_spec_container(generate):
         finally:
             self.container_type, self.container_mounts = saved
 
-    _generate_sbatch_script.reads_spec_container = True
     return _generate_sbatch_script

@@ -13,7 +13,7 @@ Slurm marks it FAILED, and AReaL's own status check ends the wait within seconds
 `WorkerFailedError: Job <id> FAILED`, followed by the last lines of the role's log.
 docs/results/areal-fixes.md ("The single controller on Slurm") has the measurement.
 
-Off: `install(slurm_job_exit=False)`.
+Off: `areal_patches.apply(skip={"slurm_job_exit"})`.
 
 Upstream: the long wait is fixed on main in e786869 (PR #1583: every terminal job state,
 COMPLETED included, ends the wait with `WorkerFailedError` and the log tail), after the v2.0.0
@@ -24,7 +24,7 @@ such a job still ends COMPLETED rather than FAILED. Drop this fix once an areal 
 
 from __future__ import annotations
 
-import functools
+from areal_patches.patching import wrap_once
 
 PIPEFAIL = "set -o pipefail  # areal_patches.slurm_job_exit: the job ends with the worker's status"
 
@@ -32,19 +32,15 @@ PIPEFAIL = "set -o pipefail  # areal_patches.slurm_job_exit: the job ends with t
 def install() -> None:
     from areal.infra.scheduler.slurm import SlurmScheduler
 
-    if getattr(SlurmScheduler._generate_sbatch_script, "sets_pipefail", False):
-        return
-    SlurmScheduler._generate_sbatch_script = with_pipefail(SlurmScheduler._generate_sbatch_script)
+    wrap_once(SlurmScheduler, "_generate_sbatch_script", with_pipefail, "sets_pipefail")
 
 
 def with_pipefail(generate):
     """`SlurmScheduler._generate_sbatch_script`, with `set -o pipefail` after the #SBATCH lines."""
 
-    @functools.wraps(generate)
     def _generate_sbatch_script(self, *args, **kwargs):
         return pipefail_after_options(generate(self, *args, **kwargs))
 
-    _generate_sbatch_script.sets_pipefail = True
     return _generate_sbatch_script
 
 

@@ -12,7 +12,7 @@ every result written), but a traceback at the end of a good run sends users look
 
 Effect: the callback resolves the future only if it is still pending; nothing else changes.
 
-Off: `areal_patches.install(task_callback=False)`.
+Off: `areal_patches.apply(skip={"task_callback"})`.
 
 Upstream: `RolloutController._resolve_task_future` unchanged on AReaL's main as of cbff54d
 (2026-08-22) and in the v2.0.0 tag; not reported.
@@ -21,7 +21,8 @@ Upstream: `RolloutController._resolve_task_future` unchanged on AReaL's main as 
 from __future__ import annotations
 
 import asyncio
-import functools
+
+from areal_patches.patching import wrap_once
 
 
 def resolve_unless_done(future: asyncio.Future) -> None:
@@ -33,16 +34,13 @@ def resolve_unless_done(future: asyncio.Future) -> None:
 def install() -> None:
     from areal.infra.controller.rollout_controller import RolloutController
 
-    original = RolloutController._resolve_task_future
-    if getattr(original, "skips_done_futures", False):
-        return
+    def skipping_done_futures(original):
+        def _resolve_task_future(self, task_id: int) -> None:
+            with self._futures_lock:
+                future = self._pending_futures.pop(task_id, None)
+            if future:
+                future.get_loop().call_soon_threadsafe(resolve_unless_done, future)
 
-    @functools.wraps(original)
-    def _resolve_task_future(self, task_id: int) -> None:
-        with self._futures_lock:
-            future = self._pending_futures.pop(task_id, None)
-        if future:
-            future.get_loop().call_soon_threadsafe(resolve_unless_done, future)
+        return _resolve_task_future
 
-    _resolve_task_future.skips_done_futures = True
-    RolloutController._resolve_task_future = _resolve_task_future
+    wrap_once(RolloutController, "_resolve_task_future", skipping_done_futures, "skips_done_futures")

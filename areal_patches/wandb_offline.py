@@ -11,7 +11,7 @@ skips the key ("Unable to verify login in offline mode"); the run then writes it
 `<fileroot>/logs/<user>/<experiment>/<trial>/wandb/offline-run-*`, which `wandb sync <folder>`
 uploads later. Online runs and their login are AReaL's.
 
-Off: `areal_patches.install(wandb_offline=False)`.
+Off: `areal_patches.apply(skip={"wandb_offline"})`.
 
 Upstream: `StatsLogger.init` unchanged on AReaL's main as of cbff54d (2026-08-22) and in the
 v2.0.0 tag (`wandb.login()` for every mode but disabled); not reported.
@@ -19,22 +19,19 @@ v2.0.0 tag (`wandb.login()` for every mode but disabled); not reported.
 
 from __future__ import annotations
 
-import functools
+from areal_patches.patching import wrap_once
 
 
 def install() -> None:
     import wandb
     from areal.utils.stats_logger import StatsLogger
 
-    original = StatsLogger.init
-    if getattr(original, "logs_in_offline", False):
-        return
+    def offline_first(original):
+        def init(self) -> None:
+            if self.config.wandb.mode == "offline":
+                wandb.setup(settings=wandb.Settings(mode="offline"))
+            return original(self)
 
-    @functools.wraps(original)
-    def init(self) -> None:
-        if self.config.wandb.mode == "offline":
-            wandb.setup(settings=wandb.Settings(mode="offline"))
-        return original(self)
+        return init
 
-    init.logs_in_offline = True
-    StatsLogger.init = init
+    wrap_once(StatsLogger, "init", offline_first, "logs_in_offline")

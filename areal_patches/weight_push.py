@@ -10,7 +10,7 @@ the save took. That is noise for a 3B model, whose save takes seconds, but it wa
 4.5 s step for the 25M model of docs/results/learning.md and most of the CPU demo's push.
 
 `install()` makes waits that do not choose their own polling interval (in areal 1.0.4 that is
-only this one) poll every 20 ms. `areal_patches.install()` applies it: train.py's
+only this one) poll every 20 ms. `areal_patches.apply()` applies it: train.py's
 `main()` in the SPMD trainer process, `python3 -m areal_patches.worker` in the single-controller
 workers. A missing record
 costs one file lookup per poll; the timeout is unchanged.

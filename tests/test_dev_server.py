@@ -1,7 +1,6 @@
-"""The dev server (dev_server/) against an in-process HF model and AReaL's real SGLang client."""
+"""The dev server (devkit/dev_server/) against an in-process HF model and AReaL's real SGLang client."""
 
 import asyncio
-import os
 import subprocess
 import sys
 import threading
@@ -17,10 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import countdown  # noqa: E402
 from conftest import alive, heavy_imports  # noqa: E402
-from dev_server import client  # noqa: E402
-from tools.make_tiny_model import make_tiny_model  # noqa: E402
+from devkit import ROOT  # noqa: E402
+from devkit.dev_server import client  # noqa: E402
+from devkit.make_tiny_model import make_tiny_model  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_DELAY_MS = 2  # makes long requests reliably long enough to pause mid-flight
 
 
@@ -332,13 +331,13 @@ def test_serve_leaves_no_process_when_body_raises(tiny_model_dir, tmp_path):
 
 def test_the_client_imports_no_torch():
     """Scripts, launchers and evaluate.py start servers through it without paying for torch."""
-    assert heavy_imports("dev_server.client", {"torch", "transformers"}) == []
+    assert heavy_imports("devkit.dev_server.client", {"torch", "transformers"}) == []
 
 
 def test_server_exits_when_its_parent_is_killed(tiny_model_dir):
     code = (
         "import sys, time\n"
-        "from dev_server.client import DevServer\n"
+        "from devkit.dev_server.client import DevServer\n"
         f"s = DevServer({str(tiny_model_dir)!r}).start()\n"
         "print(s.pid, flush=True)\n"
         "time.sleep(600)\n"

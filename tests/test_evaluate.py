@@ -15,10 +15,10 @@ from aiohttp import web
 
 import countdown
 import evaluate
-from dev_server.client import find_free_port, serve
+from devkit import ROOT
+from devkit.dev_server.client import find_free_port, serve
 from evaluate import FAILED_REQUEST, Sample, group_metrics, pass_at_k, summarize, worked_steps
 
-ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_KEYS = {"puzzles", "samples", "pass@1", "format_rate", "mean_completion_tokens",
                "truncation_rate", "exact_step_rate", "failures"}
 

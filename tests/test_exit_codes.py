@@ -4,14 +4,13 @@ is wrong, exit status 2, and nothing started (docs/exit-codes.md)."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import CONFIGS, puzzle_file, tiny_model_args
-from dev_server.client import find_free_port
+from devkit import ROOT
+from devkit.dev_server.client import find_free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 MISSING = "/no/such/dir/test_e.jsonl"
 
 

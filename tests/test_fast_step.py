@@ -224,7 +224,7 @@ from areal.engine import FSDPPPOActor
 from areal.engine.fsdp_engine import FSDPEngine
 from areal.utils import stats_tracker
 import areal_patches, train
-areal_patches.install(weight_push=False)
+areal_patches.apply(skip={"weight_push"})
 
 def build_actor(*overrides):  # the project's FSDPPPOActor on the tiny model, one rank
     config, _ = load_expr_config([

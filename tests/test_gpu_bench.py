@@ -1,5 +1,5 @@
-"""The parts of bench/gpu/train_step.py whose numbers need no GPU to check: the GPU-time
-attribution of its --profile table (bench/gpu/timeline.py), on a hand-made trace, and the
+"""The parts of experiments/bench/gpu/train_step.py whose numbers need no GPU to check: the GPU-time
+attribution of its --profile table (experiments/bench/gpu/timeline.py), on a hand-made trace, and the
 "pad each sequence" attention it times against packed_sdpa; its scaling table, and its rows
 on two FSDP ranks, run on CPU."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from bench.gpu import timeline, train_step
+from experiments.bench.gpu import timeline, train_step
 
 
 def kernel(start: float, end: float, launched: float | None, correlation: int, api: str = "cuda_runtime") -> list[dict]:
@@ -116,9 +116,9 @@ def test_scaling_compares_each_rank_count_with_one_rank_of_the_same_shape_and_se
 def test_the_bench_runs_its_areal_row_on_two_fsdp_ranks(tmp_path):
     """The multi-GPU rows' code path on CPU (two gloo ranks under torchrun): the numbers mean
     nothing here, the row must come back whole from the first rank."""
-    out = tmp_path / "bench.json"
+    out = tmp_path / "experiments.bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
+        [sys.executable, "-m", "experiments.bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
          "--rows", "1", "--steps", "1", "--no-trl", "--ranks", "2", "--json", str(out)],
         cwd=train_step.ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -154,7 +154,7 @@ def test_a_failing_rank_shows_its_own_error_not_only_torchruns_summary(tmp_path)
     (tmp_path / "areal").mkdir()
     (tmp_path / "areal" / "__init__.py").write_text('raise ImportError("areal broken on purpose")\n')
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
+        [sys.executable, "-m", "experiments.bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
          "--rows", "1", "--steps", "1", "--no-trl", "--ranks", "2"],
         cwd=train_step.ROOT, capture_output=True, text=True, timeout=300,
         env={**train_step.os.environ, "PYTHONPATH": str(tmp_path)},

@@ -1,12 +1,11 @@
-"""scripts/import_stubs.py: the stand-ins that let areal import on the GPU machine without ray,
+"""devkit/import_stubs.py: the stand-ins that let areal import on the GPU machine without ray,
 wandb, swanlab or trackio. Each imports, turns any attribute into a harmless dummy, and
 answers truthfully where areal branches on it."""
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from devkit import ROOT
 
 CHECK = """
 import ray, wandb, ray.util.placement_group as pg
@@ -17,7 +16,7 @@ print(ray.__file__)
 
 
 def test_stand_ins_import_and_ray_is_not_initialized(tmp_path):
-    subprocess.run([sys.executable, "scripts/import_stubs.py", str(tmp_path)], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "devkit/import_stubs.py", str(tmp_path)], cwd=ROOT, check=True)
     proc = subprocess.run([sys.executable, "-c", CHECK], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr

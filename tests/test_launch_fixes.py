@@ -1,4 +1,4 @@
-"""The launch-path fixes in areal_patches/ and the SGLang seam (dev_server/sglang_seam), each
+"""The launch-path fixes in areal_patches/ and the SGLang seam (devkit/dev_server/sglang_seam), each
 on its own; tests/test_launchers.py runs them inside AReaL's real single controller and
 launchers."""
 
@@ -25,12 +25,12 @@ from areal_patches import (
     slurm_job_exit,
 )  # fmt: skip
 from conftest import alive
-from dev_server import sglang_launch_server
-from dev_server.__main__ import build_arg_parser
-from dev_server.client import find_free_port
+from devkit import ROOT
+from devkit.dev_server import sglang_launch_server
+from devkit.dev_server.__main__ import build_arg_parser
+from devkit.dev_server.client import find_free_port
 
-ROOT = Path(__file__).resolve().parent.parent
-SEAM = ROOT / "dev_server" / "sglang_seam"
+SEAM = ROOT / "devkit" / "dev_server" / "sglang_seam"
 
 
 def engine(setup_timeout: float, healthy: bool = False) -> SimpleNamespace:
@@ -232,7 +232,7 @@ def run_with_seam(code: str, seam: bool = True) -> str:
 @pytest.mark.e2e
 def test_the_seam_puts_the_dev_server_in_sglangs_place_and_only_there():
     find = "import importlib.util; print(importlib.util.find_spec('areal.experimental.inference_service.sglang.launch_server').origin)"
-    assert run_with_seam(find) == str(ROOT / "dev_server" / "sglang_launch_server.py")
+    assert run_with_seam(find) == str(ROOT / "devkit" / "dev_server" / "sglang_launch_server.py")
     assert run_with_seam(find, seam=False).endswith("areal/experimental/inference_service/sglang/launch_server.py")
     version = "import importlib.metadata as m; print(m.version('sglang'))"
     assert run_with_seam(version) == "0.5.10.post1"

@@ -1,12 +1,12 @@
 """The commands users type, run for real on CPU: AReaL's single controller (`make demo`'s) and its
-local, Ray and Slurm launchers end to end (`python3 -m tools.demo --launcher ...`), what the
+local, Ray and Slurm launchers end to end (`python3 -m devkit.demo --launcher ...`), what the
 demo makes of each run, and the faults they must survive.
 
 The only double in every test here is the dev server, which starts where AReaL would start
-SGLang (dev_server/sglang_seam): AReaL's scheduler, launchers, RPC workers, server wrapper,
+SGLang (devkit/dev_server/sglang_seam): AReaL's scheduler, launchers, RPC workers, server wrapper,
 name_resolve, disk weight pushes, evaluation and recover retries are its own code, and the
 Ray and Slurm launchers submit to real (one-node) Ray and Slurm clusters that the demo starts
-and stops (launch/ray_cluster.py, launch/slurm_cluster.py; Slurm needs root).
+and stops (devkit/launch/ray_cluster.py, devkit/launch/slurm_cluster.py; Slurm needs root).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def test_the_shipped_layout_on_this_hosts_gpus(launcher, start_demo, tmp_path):
     assert len(servers) == len(trainers) == width and servers.isdisjoint(trainers), placed
 
 
-# The trainer settings that the CPU overrides shrink (launch.training.cpu_overrides), as
+# The trainer settings that the CPU overrides shrink (devkit.launch.training.cpu_overrides), as
 # train_config.yaml ships them.
 SHIPPED_TRAINER = ["actor.dtype", "actor.gradient_checkpointing", "actor.mb_spec.max_tokens_per_mb",
                    "actor.ppo_n_minibatches", "gconfig.n_samples", "gconfig.max_new_tokens"]  # fmt: skip
@@ -262,7 +262,7 @@ def readme_gpu_run(tmp_path_factory) -> tuple[int, Path, Path]:
     gpus = min(cuda_devices(), 2)
     folder = tmp_path_factory.mktemp("readme-gpu-run")
     model, data = folder / "model", folder / "data"
-    subprocess.run([sys.executable, "-m", "tools.make_tiny_model", "--out", str(model), "--preset",
+    subprocess.run([sys.executable, "-m", "devkit.make_tiny_model", "--out", str(model), "--preset",
                     README_GPU_RUNS[gpus][1]], cwd=ROOT, check=True)  # fmt: skip
     subprocess.run([sys.executable, "countdown.py", "--out-dir", str(data), "--train-size", "64", "--test-size", "32"],
                    cwd=ROOT, check=True)  # fmt: skip
@@ -299,9 +299,9 @@ def test_the_readmes_small_gpu_command_with_a_model_of_its_size(launcher, readme
 
 
 # The single controller gets the SIGTERM of `kill` and `timeout`, which the demo turns into the
-# KeyboardInterrupt of Ctrl-C (launch/training.py); the others Ctrl-C. Where a Ray or Slurm
+# KeyboardInterrupt of Ctrl-C (devkit/launch/training.py); the others Ctrl-C. Where a Ray or Slurm
 # cluster holds the workers, the demo's clean-up stops the trainer's processes and then the
-# cluster, whichever launcher submitted them (launch/training.py's run_user_command): one
+# cluster, whichever launcher submitted them (devkit/launch/training.py's run_user_command): one
 # launcher per cluster.
 INTERRUPTS = [
     pytest.param("single", signal.SIGTERM, id="single-sigterm"),
@@ -333,7 +333,7 @@ def test_interrupted_run_leaves_no_process_behind_and_keeps_the_previous_run(lau
 # Who notices a dead server: under the single controller, areal_patches/server_watchdog.py after
 # its grace; under the local launcher, AReaL's server wrapper exits with its server and the
 # launcher stops every job (the demo's recover.retries=0; with retries it starts the run
-# again), and the demo names the server from the wrapper's log line (launch/training.py).
+# again), and the demo names the server from the wrapper's log line (devkit/launch/training.py).
 KILLED_SERVER = [
     pytest.param("single", ["server_health_grace=10"], r"rollout server (\S+) has not answered /health for 10 s",
                  id="single"),

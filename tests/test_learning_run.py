@@ -1,4 +1,4 @@
-"""scripts/learning_run.py rehearsed on CPU with the tiny preset: both phases run for real
+"""experiments/learning_run.py rehearsed on CPU with the tiny preset: both phases run for real
 (AReaL's SFTTrainer, then train.py against the dev server), at toy sizes, so that the GPU
 experiment of docs/results/learning.md does not fail on a path that was never run."""
 
@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,15 +18,15 @@ from safetensors.torch import load_file
 
 import countdown
 from conftest import alive, command_line
+from devkit import ROOT
 from sft_formats.completions import reference_completion, signs_completion, solution_steps
 
-ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "16",
        "--no-skip-uniform-groups"]  # the toy model solves nothing: no group would ever be kept
 
 
 def learning_run(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "scripts.learning_run", *args, *TOY]
+    cmd = [sys.executable, "-m", "experiments.learning_run", *args, *TOY]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -141,7 +140,7 @@ def test_sigterm_stops_the_trainer_and_still_copies_its_log(tmp_path):
     trainer process is left, and the log written so far reaches --out. The log is on disk
     line by line while the trainer runs."""
     work, out = tmp_path / "work", tmp_path / "out"
-    cmd = [sys.executable, "-m", "scripts.learning_run", "sft", "--work", str(work), "--out", str(out), *TOY]
+    cmd = [sys.executable, "-m", "experiments.learning_run", "sft", "--work", str(work), "--out", str(out), *TOY]
     run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = work / "sft.log"
     deadline = time.monotonic() + 240
@@ -256,7 +255,7 @@ def without_failures(completion: str) -> str:
 
 
 def load_learning_run():
-    spec = importlib.util.spec_from_file_location("learning_run", ROOT / "scripts" / "learning_run.py")
+    spec = importlib.util.spec_from_file_location("learning_run", ROOT / "experiments" / "learning_run.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,10 +1,10 @@
-"""bench/pause_windows: the pause of each weight push and the tokens generated, read from a dev
+"""experiments/bench/pause_windows: the pause of each weight push and the tokens generated, read from a dev
 server log in the format its scheduler and handlers write (a run's rollout.log may prefix them),
 and the completion posts that timed out, from the rollout worker's lines in the same log."""
 
 import pytest
 
-from bench.pause_windows import main, read_server_log
+from experiments.bench.pause_windows import main, read_server_log
 
 LOG = """\
 2026-12-01 20:50:00,000 dev_server[7] INFO serving on http://127.0.0.1:7

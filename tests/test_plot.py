@@ -1,5 +1,5 @@
 """plot.py: TensorBoard event files (as AReaL writes them, with tensorboardX) in, a CSV and a
-PNG out; and time-to-accuracy rows (as scripts/time_to_accuracy.py writes them) in one PNG."""
+PNG out; and time-to-accuracy rows (as experiments/time_to_accuracy.py writes them) in one PNG."""
 
 import csv
 import json
@@ -166,7 +166,7 @@ def test_noisy_metric_gets_a_smoothed_line_over_its_points(tmp_path, monkeypatch
 
 
 def row_file(tmp_path, row, points, final, steps_per_minute, settings=None, name=None):
-    """A row as scripts/time_to_accuracy.py writes it (the fields plot.py reads), in row_X.json or ``name``."""
+    """A row as experiments/time_to_accuracy.py writes it (the fields plot.py reads), in row_X.json or ``name``."""
     record = {
         "row": row, "description": f"row {row}", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25T10:00:00+00:00",
         "steps_per_minute": steps_per_minute,
@@ -228,7 +228,7 @@ def test_compare_names_a_row_file_that_is_cut_short_and_writes_nothing(tmp_path,
     cut.write_text(row_file(tmp_path, "A", [(0.0, 0.35)], (390.0, 0.45), 6.0).read_text()[:60])
     assert plot.main(["--compare", str(good), str(cut), "--out", str(tmp_path / "tta.png")]) == 2
     err = capsys.readouterr().err
-    assert str(cut) in err and "not a JSON row file" in err and "scripts.time_to_accuracy" in err
+    assert str(cut) in err and "not a JSON row file" in err and "experiments.time_to_accuracy" in err
     assert not (tmp_path / "tta.png").exists()
 
 
@@ -237,7 +237,7 @@ def test_compare_names_the_fields_a_row_lacks(tmp_path, capsys):
     other.write_text(json.dumps({"row": "A", "points": []}))
     assert plot.main(["--compare", str(other), "--out", str(tmp_path / "tta.png")]) == 2
     err = capsys.readouterr().err
-    assert f"{other}: not a row of scripts/time_to_accuracy.py" in err
+    assert f"{other}: not a row of experiments/time_to_accuracy.py" in err
     assert "description, device, date, steps_per_minute, final" in err
 
 

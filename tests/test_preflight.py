@@ -1,4 +1,4 @@
-"""launch/preflight.py: mistakes a command can be told about before its slow imports.
+"""devkit/launch/preflight.py: mistakes a command can be told about before its slow imports.
 
 Each case must leave stderr at exactly one line: no import warnings, no AReaL log lines (they
 would mean the check ran after torch and AReaL were imported), and exit status 2."""
@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from areal_patches.config_errors import wrong_type_problem
-from launch.preflight import config_override_problem, key_of_override, override_value
+from devkit import ROOT
+from devkit.launch.config_keys import wrong_type_problem
+from devkit.launch.config_errors import config_override_problem
+from devkit.launch.preflight import key_of_override, override_value
 
-ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ["train.py", "--config", "train_config.yaml", "scheduler.type=local"]
 
 
@@ -95,7 +96,7 @@ def test_a_missing_model_folder_is_one_line(data, key, more):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "train.py: model path '/no/such/model' does not exist: pass a Hugging Face model folder or hub id "
-        f"as {key}=... (the CPU demo builds one with python3 -m tools.make_tiny_model)"
+        f"as {key}=... (the CPU demo builds one with python3 -m devkit.make_tiny_model)"
     )
 
 
@@ -141,30 +142,30 @@ def test_a_word_for_an_integer_names_the_integer():
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["-m", "scripts.learning_run", "grpo", "--set", "actor.optimizer.lrr=1e-5"],
+        (["-m", "experiments.learning_run", "grpo", "--set", "actor.optimizer.lrr=1e-5"],
          "--set: unknown config key 'actor.optimizer.lrr': did you mean actor.optimizer.lr?"),
-        (["-m", "scripts.learning_run", "sft", "--sft-set", "train_dataset.batch_sise=4"],
+        (["-m", "experiments.learning_run", "sft", "--sft-set", "train_dataset.batch_sise=4"],
          "--sft-set: unknown config key 'train_dataset.batch_sise': did you mean train_dataset.batch_size?"),
-        (["-m", "scripts.learning_run", "grpo", "--set", "gconfig.temperature"],
+        (["-m", "experiments.learning_run", "grpo", "--set", "gconfig.temperature"],
          "--set: 'gconfig.temperature' is not KEY=VALUE"),
-        (["-m", "scripts.learning_run", "grpo", "--set", "actor.pass_at_k=9"],
-         "--set: actor.pass_at_k=9: use 1 (GRPO's pass@1), or a k of at most the group size"),
-        (["-m", "tools.demo", "actor.entropy_coef=-1"],
-         "actor.entropy_coef=-1.0: use 0 (AReaL's loss) or a positive bonus"),
-        (["-m", "tools.demo", "actor.optimizer.lr=fast"],
+        (["-m", "experiments.learning_run", "grpo", "--set", "gconfig.n_samples=0"],
+         "--set: group_size must be a positive integer when using group normalization, got 0"),
+        (["-m", "devkit.demo", "++actor.use_sapo_loss=true"],
+         "SAPO is not compatible with `use_decoupled_loss=True`"),
+        (["-m", "devkit.demo", "actor.optimizer.lr=fast"],
          "actor.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float"),
-        (["-m", "tools.demo", "++actor.c_clp=3.0"],
+        (["-m", "devkit.demo", "++actor.c_clp=3.0"],
          "unknown config key 'actor.c_clp': did you mean actor.c_clip or actor.eps_clip? (not a field of CountDownConfig)"),
-        (["-m", "scripts.learning_run", "grpo", "--set", "++actor.c_clip=fast"],
+        (["-m", "experiments.learning_run", "grpo", "--set", "++actor.c_clip=fast"],
          "--set: actor.c_clip: Value 'fast' of type 'str' could not be converted to Float"),
-        (["-m", "scripts.learning_run", "sft", "--sft-set", "++examples_per_rw=2"],
+        (["-m", "experiments.learning_run", "sft", "--sft-set", "++examples_per_rw=2"],
          "--sft-set: unknown config key 'examples_per_rw': did you mean examples_per_row? (not a field of WarmStartConfig)"),
     ],
 )
 def test_commands_that_start_a_trainer_late_refuse_a_bad_override_before_they_make_anything(tmp_path, args, expected):
     """The demo makes a warm start, and a learning run data and a server, before train.py reads
     its overrides: a typo is refused first, and nothing is made."""
-    learning_run = "scripts.learning_run" in args
+    learning_run = "experiments.learning_run" in args
     place = ["--work", str(tmp_path / "work")] if learning_run else ["--run-dir", str(tmp_path / "demo")]
     proc = run(*args, *place)
     assert proc.returncode == 2
@@ -186,7 +187,7 @@ def test_an_error_after_the_config_is_composed_keeps_its_traceback(monkeypatch, 
     the composed config (name_resolve's set-up, made to fail here) is raised as it is."""
     from areal.utils import name_resolve
 
-    from areal_patches.config_errors import load_config
+    from devkit.launch.config_errors import load_config
     from train import CountDownConfig
 
     def refuse(*_) -> None:

@@ -1,4 +1,4 @@
-"""launch/progress.py: what a run's output becomes on screen, and when the stall guard stops a
+"""devkit/launch/progress.py: what a run's output becomes on screen, and when the stall guard stops a
 run; fed AReaL's own log lines (its StatsLogger's step line and stats table, as
 areal.utils.printing.tabulate_stats prints them), with the clock set by the test."""
 
@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from areal.utils.printing import tabulate_stats
-from launch import progress
-from launch.progress import StepWatch
+from devkit.launch import progress
+from devkit.launch.progress import StepWatch
 
 GRPO_SHOWN = {"reward": ("rollout/reward", ".3f"), "held-out pass@1": ("eval-rollout/success", ".1%")}
 

@@ -5,11 +5,11 @@ the overrides exist, the YAML resolves, and the allocation adds up.
 """
 
 import shlex
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from devkit import ROOT
+
 PREFIXES = ("python3 train.py ", "python3 -m areal.infra.launcher.")
 
 
@@ -20,8 +20,8 @@ def readme_training_commands() -> list[str]:
 
 
 def test_the_demo_runs_the_readmes_first_training_command():
-    """`make demo` is that command plus the CPU overrides of launch/training.py, applied after it."""
-    from launch import training
+    """`make demo` is that command plus the CPU overrides of devkit/launch/training.py, applied after it."""
+    from devkit.launch import training
 
     assert readme_training_commands()[0] == " ".join(["python3", *training.user_command("single")[1:]])
 

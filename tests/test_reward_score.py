@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
+from experiments.bench.hostile_inputs import HOSTILE_COMPLETIONS, PUZZLE
 from reward_score import (
     MAX_ANSWER_CHARS,
     Verdict,
-    closeness,
     compute_score,
     extract_answer,
     format_reward,
@@ -210,39 +209,10 @@ def test_hostile_inputs_are_fast_and_safe(name):
     text = HOSTILE_COMPLETIONS[name]
     start = time.perf_counter()
     score = compute_score(text, PUZZLE)
-    near = closeness(text, PUZZLE)
     has_think_answer_format(text)
     elapsed = time.perf_counter() - start
-    assert score in (0.0, 0.1, 1.0) and 0.0 <= near <= 1.0
+    assert score in (0.0, 0.1, 1.0)
     assert elapsed < 0.1, f"{name}: {elapsed * 1e3:.1f} ms"  # a few ms in practice; slack for loaded CI
-
-
-@pytest.mark.parametrize(
-    "answer, expected",
-    [
-        ("55 + 36 - 7 - 19", 1.0),  # solved
-        ("55 + 36 - 7 - 19 = 65", 1.0),
-        ("55 + 36 - 19 - 7 + 0", 0.0),  # a number the puzzle does not have
-        ("55 + 36 - (7 + 19) + 1", 0.0),
-        ("55 + 36 + 7 - 19", 1 / 15),  # 79: 14 off
-        ("(55 + 36) / 7 + 19", 1 / 34),  # 32: 33 off
-        ("55 / 36 + 7 - 19", 1 / (1 + (65 - (55 / 36 - 12)))),  # a fraction: exact distance
-        ("55 * 36 * 7 * 19", 1 / (1 + 55 * 36 * 7 * 19 - 65)),
-        ("55 / (36 - 36) + 7 + 19", 0.0),  # wrong numbers before division by zero
-    ],
-)
-def test_closeness(answer, expected):
-    assert closeness(f"<answer>{answer}</answer>", {"nums": [19, 36, 55, 7], "target": 65}) == pytest.approx(expected)
-
-
-def test_closeness_of_what_is_no_answer():
-    puzzle = {"nums": [1, 2], "target": 3}
-    assert closeness("1 + 2", puzzle) == 0.0  # no answer block
-    assert closeness("<answer>1 +</answer>", puzzle) == 0.0
-    assert closeness("<answer>2 / (1 - 1)</answer>", {"nums": [2, 1, 1], "target": 3}) == 0.0
-    assert closeness(None, puzzle) == 0.0
-    with pytest.raises(ValueError):
-        closeness("<answer>1 + 2</answer>", {"nums": [1, 2]})  # a bad row is an error, as for compute_score
 
 
 def test_length_cap_boundary():
@@ -268,7 +238,6 @@ def test_any_text_scores_without_raising(text):
     assert compute_score(text, ONE_TWO_THREE) in (0.0, 0.1, 1.0)
     assert compute_score(f"<answer>{text}</answer>", ONE_TWO_THREE) in (0.0, 0.1, 1.0)
     assert isinstance(judge(text, TWENTY_FOUR), Verdict)
-    assert 0.0 <= closeness(f"<answer>{text}</answer>", TWENTY_FOUR) <= 1.0
     assert isinstance(has_think_answer_format(text), bool)
 
 
@@ -339,8 +308,3 @@ def test_random_trees_match_independent_evaluator(tree, space, target_offset, dr
         expected = C if value == target else VAL
     completion = f"<think>...</think>\n<answer>{space}{text}{space}</answer>"
     assert judge(completion, {"target": target, "nums": nums}) is expected
-    near = closeness(completion, {"target": target, "nums": nums})
-    if expected in (C, VAL):
-        assert near == pytest.approx(float(1 / (1 + abs(value - target))))
-    else:
-        assert near == 0.0

@@ -1,4 +1,4 @@
-"""scripts/rollout_scalars_check: a step whose rollout scalars mix two sets of episodes is found.
+"""devkit/rollout_scalars_check: a step whose rollout scalars mix two sets of episodes is found.
 
 The episodes are logged by train.py's `log_episode_stats` into AReaL's real `stats_tracker`,
 and the CSV goes through `plot.write_csv`, as in a run; only the episodes are made up."""
@@ -12,14 +12,14 @@ from areal.utils import stats_tracker
 import train
 from areal_patches.rollout_stats import merge_exports
 from plot import write_csv
-from scripts import rollout_scalars_check as check
+from devkit import rollout_scalars_check as check
 
 
 def record_episodes(rng: random.Random, n: int, nums: int, p_solved: float) -> None:
     """n episodes of `nums`-number puzzles, logged by train.py's own `log_episode_stats`."""
     for _ in range(n):
         reward = float(rng.random() < p_solved)
-        train.log_episode_stats({"nums": [1] * nums}, "", reward, reward, rng.randint(60, 190), "stop")
+        train.log_episode_stats({"nums": [1] * nums}, "", reward, rng.randint(60, 190), "stop")
 
 
 def a_step_of_two_exports(merge) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""launch.training.run_trainer, which runs every trainer of the demo and the learning runs, on
+"""devkit.launch.training.run_trainer, which runs every trainer of the demo and the learning runs, on
 a stand-in shaped like AReaL's local launcher: a launcher process, a torchrun-like child, and
 a worker in a session of its own that ignores SIGTERM, as a worker whose exit is stuck does.
 The stand-in replaces AReaL only to make the interrupt land at a known moment;
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import alive
 
-from launch import training
+from devkit.launch import training
 
 pytestmark = pytest.mark.timeout(120)
 

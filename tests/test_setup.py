@@ -4,12 +4,11 @@ import importlib.metadata
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parent.parent
+from devkit import ROOT
 
 
 LEFT_OUT_OF_CPU_LOCK = {"torchvision", "torchaudio"}
@@ -23,7 +22,7 @@ def pins(requirements: str) -> dict[str, str]:
 def test_cpu_lock_pins_what_requirements_txt_pins_except_torch():
     """`make` installs requirements-cpu.txt; GPU users install requirements.txt. A version bumped
     in one and not the other would test one stack and ship another."""
-    gpu, cpu = pins("requirements.txt"), pins("requirements-cpu.txt")
+    gpu, cpu = pins("requirements.txt") | pins("experiments/requirements.txt"), pins("requirements-cpu.txt")
     assert [name for name, version in gpu.items() if cpu.get(name) != version] == ["torch"]
 
 
@@ -54,7 +53,7 @@ def test_installed_packages_need_nothing_but_what_the_cpu_lock_leaves_out():
 
 def run_check_disk(needed_gib: float) -> subprocess.CompletedProcess:
     code = (
-        "import sys; sys.path.insert(0, 'scripts'); import check_disk; "
+        "import sys; sys.path.insert(0, 'devkit'); import check_disk; "
         f"check_disk.NEEDED_GIB = {needed_gib}; check_disk.main('.')"
     )
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -13,10 +13,10 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import alive, command_line, puzzle_file, ray_workers_without_fixes, tiny_model_args
-from launch import ray_cluster
-from launch.training import launcher_overrides, seam_env
+from devkit import ROOT
+from devkit.launch import ray_cluster
+from devkit.launch.training import launcher_overrides, seam_env
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 
 
@@ -56,7 +56,7 @@ def test_sigterm_to_sft_leaves_no_worker(tiny_model_dir, tmp_path):
 
 @pytest.mark.timeout(600)
 def test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes(tiny_model_dir, tmp_path):
-    """`scheduler.type=ray` on a one-node Ray cluster (launch/ray_cluster.py): AReaL's Ray
+    """`scheduler.type=ray` on a one-node Ray cluster (devkit/launch/ray_cluster.py): AReaL's Ray
     actor trains, and the project's fixes reach it through Ray's setup hook."""
     data = puzzle_file(tmp_path, 32)
     command = [*sft_command(tiny_model_dir, data, tmp_path), "actor.mb_spec.max_tokens_per_mb=4096",

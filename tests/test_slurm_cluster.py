@@ -1,4 +1,4 @@
-"""launch/slurm_cluster.py: the one-node cluster schedules fake GPUs, CPUs and memory for
+"""devkit/launch/slurm_cluster.py: the one-node cluster schedules fake GPUs, CPUs and memory for
 srun and sbatch, and leaves no Slurm process behind, even with a job still running.
 
 This is the ground the tests of AReaL's Slurm launcher stand on. It needs root (it
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import slurm_cluster
+from devkit.launch import slurm_cluster
 
 pytestmark = pytest.mark.launchers
 

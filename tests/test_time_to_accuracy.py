@@ -1,8 +1,8 @@
-"""scripts/time_to_accuracy.py (issue 23) on CPU, with the project's tiny model.
+"""experiments/time_to_accuracy.py on CPU, with the project's tiny model.
 
 Real: row C runs TRL's GRPOTrainer for real (its generation, reward calls, loss and optimizer
 steps, the held-out callback's model.generate and scoring, the stop at --seconds), and row A
-runs scripts/learning_run.py's grpo phase for real (the dev server, train.py under torchrun,
+runs experiments/learning_run.py's grpo phase for real (the dev server, train.py under torchrun,
 AReaL's evaluations every --eval-seconds, the stop --seconds after the first rollout,
 evaluate.py before and after). Not real: the model (1.4M parameters, random weights: it
 solves nothing, so every pass@1 is 0 and no group has a reward spread, hence
@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 from tensorboardX import SummaryWriter
 
+from devkit import ROOT
 import plot
-from scripts import time_to_accuracy as tta
+from experiments import time_to_accuracy as tta
 
-ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--train-size", "300", "--test-size", "8",
        "--batch", "4", "--n-samples", "2"]  # fmt: skip
 
 
 def run_row(row: str, model: Path, tmp_path: Path, *args: str, name: str) -> dict:
     """Run one row at toy size; its record, read from OUT/`name`.json."""
-    cmd = [sys.executable, "-m", "scripts.time_to_accuracy", "--row", row, "--init", str(model),
+    cmd = [sys.executable, "-m", "experiments.time_to_accuracy", "--row", row, "--init", str(model),
            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *TOY, *args]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,7 +38,7 @@ def run_row(row: str, model: Path, tmp_path: Path, *args: str, name: str) -> dic
 
 def check_common_fields(record: dict, row: str, seconds: float) -> None:
     assert record["row"] == row and record["device"] == "cpu" and record["date"]
-    assert record["command"].startswith(f"python3 -m scripts.time_to_accuracy --row {row}")
+    assert record["command"].startswith(f"python3 -m experiments.time_to_accuracy --row {row}")
     assert record["points"][0] == {"seconds": 0.0, "step": 0, "pass@1": 0.0}  # the warm start, before training
     assert len(record["points"]) >= 2, record["points"]  # at least one evaluation during training
     times = [p["seconds"] for p in record["points"]]
@@ -115,7 +115,7 @@ def test_a_seed_other_than_the_configs_gets_its_own_row_file(tmp_path):
 
 def test_a_row_without_its_warm_start_stops_before_making_anything(tmp_path):
     for row in "AC":
-        cmd = [sys.executable, "-m", "scripts.time_to_accuracy", "--row", row, "--init", str(tmp_path / "nowhere"),
+        cmd = [sys.executable, "-m", "experiments.time_to_accuracy", "--row", row, "--init", str(tmp_path / "nowhere"),
                "--out", str(tmp_path / "out"), "--work", str(tmp_path / row)]  # fmt: skip
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert run.returncode == 1

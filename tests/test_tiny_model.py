@@ -1,4 +1,4 @@
-"""tools/make_tiny_model.py: a loadable HF folder, a round-tripping tokenizer, determinism."""
+"""devkit/make_tiny_model.py: a loadable HF folder, a round-tripping tokenizer, determinism."""
 
 import json
 import os
@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  
 
 import countdown  # noqa: E402
 from sft_formats.completions import reference_completion  # noqa: E402
-from tools import make_tiny_model as mtm  # noqa: E402
+from devkit import make_tiny_model as mtm  # noqa: E402
 
 
 @pytest.fixture(scope="module")

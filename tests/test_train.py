@@ -2,7 +2,7 @@
 GRPO grouping, a two-step training run with disk weight pushes, recovery, and bad input.
 
 Nothing is mocked but the trainer of one test and the engine of another, each saying why: the dev server
-(dev_server/) stands in for SGLang, which cannot run here, and speaks the same HTTP
+(devkit/dev_server/) stands in for SGLang, which cannot run here, and speaks the same HTTP
 protocol to the same client code.
 """
 
@@ -21,11 +21,11 @@ import torch
 
 import countdown
 import plot
-from dev_server.client import http_json, serve
-from launch import training
+from devkit import ROOT
+from devkit.dev_server.client import http_json, serve
+from devkit.launch import training
 from reward_score import compute_score
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -322,11 +322,10 @@ def test_unreachable_server_is_named_and_nothing_is_left_behind(tiny_model_dir, 
 
 
 @pytest.mark.e2e
-def test_skip_uniform_groups_and_closeness_bonus_reach_the_trainer(tiny_model_dir, data_dir, tmp_path, monkeypatch):
+def test_skip_uniform_groups_reaches_the_trainer(tiny_model_dir, data_dir, tmp_path, monkeypatch):
     """skip_uniform_groups=true gives PPOTrainer.train train.has_reward_spread, by the name AReaL
-    resolves, as its dynamic filter; the default gives none. closeness_bonus reaches the training
-    workflow only, never the evaluation's. The trainer is mocked by a recorder: the tiny model
-    solves no puzzle, so a real run would drop every group and never fill a batch."""
+    resolves, as its dynamic filter; the default gives none. The trainer is mocked by a recorder:
+    the tiny model solves no puzzle, so a real run would drop every group and never fill a batch."""
     from areal.infra.remote_inf_engine import RemoteInfEngine
 
     import train
@@ -351,10 +350,7 @@ def test_skip_uniform_groups_and_closeness_bonus_reach_the_trainer(tiny_model_di
             f"train_dataset.path={data_dir}/train_e.jsonl", f"valid_dataset.path={data_dir}/test_e.jsonl"]  # fmt: skip
     train.main([*argv, "skip_uniform_groups=true"])
     train.main(argv)
-    train.main([*argv, "closeness_bonus=0.3"])
-    assert [c["dynamic_filter_fn"] for c in calls] == ["train.has_reward_spread", None, None]
-    assert [c["workflow_kwargs"]["closeness_bonus"] for c in calls] == [0.0, 0.0, 0.3]
-    assert all("closeness_bonus" not in c["eval_workflow_kwargs"] for c in calls)
+    assert [c["dynamic_filter_fn"] for c in calls] == ["train.has_reward_spread", None]
 
     keep = RemoteInfEngine._resolve_should_accept_fn(None, calls[0]["dynamic_filter_fn"])
     assert keep({"rewards": torch.tensor([0.0, 0.1, 0.0, 0.0])})
@@ -364,12 +360,12 @@ def test_skip_uniform_groups_and_closeness_bonus_reach_the_trainer(tiny_model_di
 
 
 ROW = {"nums": [19, 36, 55, 7], "target": 65, "messages": countdown.make_messages([19, 36, 55, 7], 65)}
-ANSWERS = {  # completion -> compute_score, closeness
-    "<think>55 + 36 = 91</think>\n<answer>55 + 36 - 7 - 19</answer>": (1.0, 1.0),
-    "<think>36 / 12 = 3</think>\n<answer>55 + 36 / (19 - 7)</answer>": (0.1, 1 / 8),  # 58: 7 off
-    "<think>55 + 36 = 91</think>\n<answer>55 + 36 + 7 + 19</answer>": (0.1, 1 / 53),  # 117: 52 off
-    "<think>55 + 36 = 91</think>\n<answer>55 + 36 - 26</answer>": (0.1, 0.0),  # wrong numbers
-    "<think>55 + 36 = 91": (0.0, 0.0),  # no answer
+ANSWERS = {  # completion -> compute_score
+    "<think>55 + 36 = 91</think>\n<answer>55 + 36 - 7 - 19</answer>": 1.0,
+    "<think>36 / 12 = 3</think>\n<answer>55 + 36 / (19 - 7)</answer>": 0.1,  # 58: 7 off
+    "<think>55 + 36 = 91</think>\n<answer>55 + 36 + 7 + 19</answer>": 0.1,  # 117: 52 off
+    "<think>55 + 36 = 91</think>\n<answer>55 + 36 - 26</answer>": 0.1,  # wrong numbers
+    "<think>55 + 36 = 91": 0.0,  # no answer
 }
 
 
@@ -388,33 +384,15 @@ class ScriptedEngine:
                              output_logprobs=[-1.0] * len(out), output_versions=[0] * len(out))
 
 
-@pytest.mark.parametrize("bonus", [0.0, 0.5])
-def test_closeness_bonus_ranks_unsolved_answers_by_their_distance(tiny_model_dir, bonus):
+def test_the_workflow_rewards_each_completion_with_compute_score(tiny_model_dir):
     import asyncio
 
     from areal.api.cli_args import GenerationHyperparameters
 
     import train
 
-    workflow = train.CountDownWorkflow(GenerationHyperparameters(max_new_tokens=24), str(tiny_model_dir), bonus)
+    workflow = train.CountDownWorkflow(GenerationHyperparameters(max_new_tokens=24), str(tiny_model_dir))
     engine = ScriptedEngine(workflow.tokenizer, ANSWERS)
     rewards = [asyncio.run(workflow.arun_episode(engine, ROW))["rewards"].item() for _ in ANSWERS]
-
-    for (completion, (score, near)), reward in zip(ANSWERS.items(), rewards):
-        assert compute_score(completion, ROW) == score
-        assert reward == pytest.approx(score if score == 1.0 else score + bonus * near)
-    if bonus:
-        assert rewards == sorted(rewards, reverse=True)  # solved, 7 off, 52 off, wrong numbers, no answer
-        assert rewards[0] == 1.0 and rewards[1] < 1.0
-
-
-@pytest.mark.parametrize("bonus", [-0.1, 0.9])
-def test_a_closeness_bonus_that_could_outscore_a_solution_is_refused(bonus):
-    from areal.api.cli_args import parse_cli_args, to_structured_cfg
-    from omegaconf import OmegaConf
-
-    from train import CountDownConfig
-
-    cfg, _ = parse_cli_args(["--config", str(ROOT / "train_config.yaml"), f"closeness_bonus={bonus}"])
-    with pytest.raises(ValueError, match="closeness_bonus"):
-        OmegaConf.to_object(to_structured_cfg(cfg, CountDownConfig))
+    assert [compute_score(completion, ROW) for completion in ANSWERS] == list(ANSWERS.values())
+    assert rewards == pytest.approx(list(ANSWERS.values()))  # the trajectory's float32 reward

@@ -1,0 +1,66 @@
+"""Small helpers for the processes and logs of runs and servers, shared by `dev_server/` and
+`launch/`; standard library and psutil only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+
+import psutil
+
+# AReaL colours its log lines whatever the output is: files get them plain.
+COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def plain(line: str) -> str:
+    return COLOUR.sub("", line)
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(text: str, lines: int = 30) -> str:
+    """The last `lines` lines of a log's text."""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM the process group that `proc` leads and every process it started (torchrun's
+    workers have sessions of their own), SIGKILL whatever is left after `timeout` seconds."""
+    try:
+        leader = psutil.Process(proc.pid)
+        tree = [leader, *leader.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(sig)
+        _, tree = psutil.wait_procs(tree, timeout=timeout)
+    proc.wait()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM leaves the block the way Ctrl-C does; once: a second one must not cut the
+    clean-up short."""
+
+    def interrupt(*_) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
