@@ -19,6 +19,15 @@ from areal_patches.ray_workers import INSTALLED
 from launch.training import plain
 
 ROOT = Path(__file__).resolve().parent.parent
+# `make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`): most of a
+# whole run's time is waiting (start-up, servers, polls), which the other worker fills. The
+# tests that look at every process of the machine (nothing of a run left behind, a cluster's
+# daemons gone) or start a Ray or Slurm cluster (one Slurm per host) run one after another in
+# one worker, the group "machine", first: the longest share, scheduled first.
+MACHINE_WIDE = {
+    "tests/test_sft.py::test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes",
+    "tests/test_slurm_cluster.py::test_cluster_runs_jobs_and_cleans_up",
+}
 CONFIGS = {"train.py": "train_config.yaml", "sft.py": "configs/sft_warm_start.yaml"}
 
 
@@ -106,6 +115,18 @@ def tiny_model_args(program: str, model: Path, data: Path, fileroot: Path, *over
     return [program, "--config", CONFIGS[program], f"train_dataset.path={data}", f"actor.path={model}",
             f"cluster.fileroot={fileroot}", f"cluster.name_resolve.nfs_record_root={fileroot}/name_resolve",
             *own, *overrides]  # fmt: skip
+
+
+def machine_wide(item: pytest.Item) -> bool:
+    return item.get_closest_marker("launchers") is not None or item.nodeid.split("[")[0] in MACHINE_WIDE
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if machine_wide(item):
+            item.add_marker(pytest.mark.xdist_group("machine"))
+    items.sort(key=lambda item: not machine_wide(item))  # stable: each part keeps its order
 
 
 @pytest.fixture(scope="session")
