@@ -207,9 +207,10 @@ def single_rank():
 @pytest.fixture
 def start_demo():
     """`python3 -m tools.demo --quick --run-dir RUN_DIR ARGS...` (the run that shows every part
-    working, not the one that learns) as a terminal starts it, marked as RUN_DIR's run (run_env): with Ctrl-C's default action,
+    working, not the one that learns) as a terminal starts it: with Ctrl-C's default action,
     even where pytest runs under a shell that started it in the background with SIGINT
-    ignored (inherited, that would keep Python from raising KeyboardInterrupt).
+    ignored (inherited, that would keep Python from raising KeyboardInterrupt); its
+    environment marks it as RUN_DIR's run (run_env).
 
     A demo still running when its test ends (a failed assertion, a time-out) gets Ctrl-C,
     which stops every process of its run, and is killed if that takes over a minute.
