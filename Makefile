@@ -31,8 +31,10 @@ demo: $(INSTALLED)
 	$(PY) -m devkit.demo --launcher $(LAUNCHER)
 
 # The 15 slowest tests close the report: the suite has to stay well inside CI's 90 minutes.
+# Two pytest-xdist workers: the whole runs mostly wait, and the tests that see every process
+# of the machine run in one of them, one after another (tests/conftest.py, "machine").
 test: $(INSTALLED)
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 # The loop while editing: every test but the whole runs (pyproject.toml's `launchers` and `e2e`
 # markers), which `make test` adds.

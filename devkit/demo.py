@@ -28,8 +28,8 @@ run's expected time on this machine (devkit/launch/progress.py). The run ends wi
 "held-out pass@1 X% -> Y%" (the warm start, then the trained model's last evaluation).
 
 The time limit guards against a hang, it is no budget: the training stops only when no step
-has finished for `--stall-limit` seconds (the start counts as one), or after `--time-limit`
-seconds if one is given. A stopped run says why first, then shows what it reached: the last
+has finished for `--stall-limit` seconds (the start counts as one, or waits
+`--first-step-limit` if one is given), or after `--time-limit` seconds if one is given. A stopped run says why first, then shows what it reached: the last
 whole save evaluated on the held-out puzzles, the curves and the summary line with the steps
 done, exit status 0. Stopped before its first step, it has nothing to show: exit status 1.
 
@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-limit", type=float, default=STALL_LIMIT, metavar="SECONDS",
                         help="stop the training when no step has finished for this long, its start counting "
                         "as one, and show what it reached (default %(default)g; 0: never)")
+    parser.add_argument("--first-step-limit", type=float, metavar="SECONDS",
+                        help="the wait for the first step, start-up included (default: the stall limit)")
     parser.add_argument("--time-limit", type=float, default=0, metavar="SECONDS",
                         help="stop the training this long after its start whatever its progress, and show "
                         "what it reached (default %(default)g: no limit)")
@@ -239,7 +241,8 @@ def run_demo(args: argparse.Namespace) -> int:
     cpu = cpu_overrides(run_dir, model, data_dir, steps)
     demo_settings = ["stats_logger.wandb.mode=disabled", *settings, f"seed={args.seed}",
                      f"saver.freq_steps={min(steps, SAVE_EVERY)}"]  # the trained model, as a Hugging Face folder
-    watch = StepWatch("grpo", GRPO_SHOWN, stall_limit=args.stall_limit, time_limit=args.time_limit, estimate_after=5)
+    watch = StepWatch("grpo", GRPO_SHOWN, stall_limit=args.stall_limit, time_limit=args.time_limit,
+                      first_step_limit=args.first_step_limit, estimate_after=5)
     stop = threading.Event()
     threading.Thread(target=watch.guard, args=(stop,), daemon=True).start()
     was_stopped = run_user_command(args.launcher, run_dir, [cpu, demo_settings], args.overrides, stop, watch.line)

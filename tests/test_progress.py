@@ -125,6 +125,19 @@ def test_stop_cause(now, last_step, stall_limit, time_limit, cause):
     assert progress.stop_cause(now, 0, last_step, stall_limit, time_limit) == cause
 
 
+@pytest.mark.parametrize(
+    "now, last_step, cause",
+    [
+        (299, None, None),  # the start waits the first step's limit, not the stall limit
+        (300, None, "no step finished in 300 s"),
+        (329, 300, None),  # after the first step, the stall limit
+        (330, 300, "no step finished in 30 s"),
+    ],
+)
+def test_the_first_step_may_have_a_limit_of_its_own(now, last_step, cause):
+    assert progress.stop_cause(now, 0, last_step, 30, None, first_step_limit=300) == cause
+
+
 @pytest.mark.parametrize("seconds, text", [(0.4, "0 s"), (89, "89 s"), (90, "2 min"), (3569, "59 min"),
                                            (3600, "1 h 00 min"), (3 * 3600 + 7 * 60, "3 h 07 min")])  # fmt: skip
 def test_duration(seconds, text):

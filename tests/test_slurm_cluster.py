@@ -7,6 +7,7 @@ installs Slurm with apt if missing and runs slurmd and munged); elsewhere it is 
 
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +50,10 @@ def test_cluster_runs_jobs_and_cleans_up(tmp_path):
     before = live_processes(SLURM_PROCESSES, SLEEPER)
     cpus = min(2, os.cpu_count() or 1)
 
-    with slurm_cluster.cluster(tmp_path / "slurm", gpus=2) as env:
+    # The cluster in a short folder: slurmd's socket paths have 107 bytes at most, and
+    # pytest-xdist's temp folders are long.
+    with tempfile.TemporaryDirectory(prefix="slurm-", dir="/tmp") as short, \
+            slurm_cluster.cluster(Path(short), gpus=2) as env:
         assert live_processes({"slurmctld", "slurmd"}) - before
 
         srun = run(["srun", "--gres=gpu:1", "bash", "-c", "echo $CUDA_VISIBLE_DEVICES"], env)

@@ -3,6 +3,8 @@ without a W&B account or network (tests/test_launchers.py checks it in a whole r
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import wandb
 from areal.api.cli_args import GRPOConfig
@@ -38,4 +40,9 @@ def test_an_offline_run_needs_no_api_key_and_writes_its_steps_for_wandb_sync(tmp
     finally:
         logger.close()
     (run_file,) = tmp_path.glob("logs/*/offline/t/wandb/offline-run-*/run-*.wandb")
-    assert wandb_history(run_file) == {"rollout/reward": {0: 0.25, 1: 0.5}}
+    # wandb's core process may still be writing the file when close() returns (seen on a
+    # loaded machine): what `wandb sync` later sends is the file once written.
+    expected, deadline = {"rollout/reward": {0: 0.25, 1: 0.5}}, time.monotonic() + 30
+    while wandb_history(run_file) != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert wandb_history(run_file) == expected

@@ -7,8 +7,8 @@ a table (`rollout/reward`; `eval-rollout/success` when the held-out set was eval
 all) with the step, the stats it was asked for and the time left at the pace so far, one
 line early on with the whole run's expected time, and hands every other line to
 `echo_progress`. `StepWatch.guard` stops the run when no step has finished for
-`stall_limit` seconds (the run's start counts as one) or, if one is given, when
-`time_limit` seconds have passed: it prints the cause first, and shows nothing of the run
+`stall_limit` seconds (the run's start counts as one, with `first_step_limit` in its place
+if one is given) or, if one is given, when `time_limit` seconds have passed: it prints the cause first, and shows nothing of the run
 after it (what the stopped processes print about their stop goes to the run's log only).
 """
 
@@ -52,10 +52,13 @@ def seconds_left(finished: dict[int, float], total: int) -> float | None:
 
 
 def stop_cause(now: float, started: float, last_step: float | None, stall_limit: float | None,
-               time_limit: float | None) -> str | None:
-    """Why the run should stop at `now` (seconds, like `started` and `last_step`), or None."""
+               time_limit: float | None, first_step_limit: float | None = None) -> str | None:
+    """Why the run should stop at `now` (seconds, like `started` and `last_step`), or None.
+    Before the first step the wait is `first_step_limit`'s where one is given."""
     if time_limit and now - started >= time_limit:
         return f"time limit ({time_limit:.0f} s)"
+    if last_step is None and first_step_limit is not None:
+        stall_limit = first_step_limit
     if stall_limit and now - (last_step or started) >= stall_limit:
         return f"no step finished in {stall_limit:.0f} s"
     return None
@@ -75,6 +78,7 @@ class StepWatch:
     lines: int | None = None
     stall_limit: float | None = None
     time_limit: float | None = None
+    first_step_limit: float | None = None  # the wait for the first step, if not stall_limit
     estimate_after: int = 3  # steps: then the line with the whole run's expected time
     started: float = field(default_factory=lambda: time.monotonic())
     finished: dict[int, float] = field(default_factory=dict)  # {step: when its line came}
@@ -137,7 +141,8 @@ class StepWatch:
         cause printed first, once the run must stop (stop_cause). Run it in a thread."""
         while not stop.wait(poll):
             last = self.finished[self.last_step] if self.finished else None
-            if cause := stop_cause(time.monotonic(), self.started, last, self.stall_limit, self.time_limit):
+            if cause := stop_cause(time.monotonic(), self.started, last, self.stall_limit, self.time_limit,
+                                    self.first_step_limit):
                 with self._lock:
                     self.cause = cause
                     stop.set()
