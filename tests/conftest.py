@@ -17,9 +17,9 @@ import pytest
 
 import countdown
 from areal_patches.ray_workers import INSTALLED
+from devkit import ROOT
 from devkit.launch.training import plain
 
-ROOT = Path(__file__).resolve().parent.parent
 # `make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`): most of a
 # whole run's time is waiting (start-up, servers, polls), which the other worker fills. Each
 # run the tests start carries RUN_MARKER=<its folder> in its environment, which its processes

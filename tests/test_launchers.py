@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 import plot
+from devkit import ROOT
 from conftest import CLUSTER_LAUNCHERS, marked, ray_workers_without_fixes, run_env, wandb_history
 from test_readme_commands import readme_training_commands
 
-ROOT = Path(__file__).resolve().parent.parent
 LAUNCHERS = ["single", "single-ray", "single-slurm", "local", "ray", "slurm"]
 pytestmark = [pytest.mark.launchers, pytest.mark.timeout(900)]
 
