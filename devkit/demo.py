@@ -29,9 +29,9 @@ run's expected time on this machine (devkit/launch/progress.py). The run ends wi
 
 The time limit guards against a hang, it is no budget: the training stops only when no step
 has finished for `--stall-limit` seconds (the start counts as one, or waits
-`--first-step-limit` if one is given), or after `--time-limit` seconds if one is given. A stopped run says why first, then shows what it reached: the last
-whole save evaluated on the held-out puzzles, the curves and the summary line with the steps
-done, exit status 0. Stopped before its first step, it has nothing to show: exit status 1.
+`--first-step-limit` if one is given), or after `--time-limit` seconds if one is given. A
+stopped run says why first, then shows what it reached: the last whole save evaluated on the
+held-out puzzles, the curves and the summary line with the steps done, exit status 0. Stopped before its first step, it has nothing to show: exit status 1.
 
 `--quick` runs only the last step, on the model from random weights (preset tiny), for 3
 steps: every part of the loop runs, nothing is learnt (its reward stays near zero). The
@@ -55,9 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import countdown
+from devkit import ROOT
 from devkit.launch import config_errors, preflight
 from devkit.launch.progress import StepWatch
-from devkit import ROOT
 from devkit.launch.training import (CPU_BATCH_SIZE, LAUNCHERS, cpu_overrides, latest_checkpoint, run_sft,
                                     run_user_command, saved_global_step)
 from devkit.processes import sigterm_as_interrupt

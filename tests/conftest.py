@@ -18,7 +18,7 @@ import pytest
 import countdown
 from areal_patches.ray_workers import INSTALLED
 from devkit import ROOT
-from devkit.launch.training import plain
+from devkit.processes import plain
 
 # `make test` runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`): most of a
 # whole run's time is waiting (start-up, servers, polls), which the other worker fills. Each
@@ -177,7 +177,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 SINGLE_RANK_PRELUDE = r"""
 import os, sys
-from devkit.dev_server.client import find_free_port
+from devkit.processes import find_free_port
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=str(find_free_port()), TORCHDYNAMO_DISABLE="1")
 """

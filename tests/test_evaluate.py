@@ -16,7 +16,8 @@ from aiohttp import web
 import countdown
 import evaluate
 from devkit import ROOT
-from devkit.dev_server.client import find_free_port, serve
+from devkit.dev_server.client import serve
+from devkit.processes import find_free_port
 from evaluate import FAILED_REQUEST, Sample, group_metrics, pass_at_k, summarize, worked_steps
 
 OUTPUT_KEYS = {"puzzles", "samples", "pass@1", "format_rate", "mean_completion_tokens",

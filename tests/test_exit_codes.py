@@ -9,7 +9,7 @@ import pytest
 
 from conftest import CONFIGS, puzzle_file, tiny_model_args
 from devkit import ROOT
-from devkit.dev_server.client import find_free_port
+from devkit.processes import find_free_port
 
 MISSING = "/no/such/dir/test_e.jsonl"
 

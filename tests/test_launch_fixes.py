@@ -28,7 +28,7 @@ from conftest import alive
 from devkit import ROOT
 from devkit.dev_server import sglang_launch_server
 from devkit.dev_server.__main__ import build_arg_parser
-from devkit.dev_server.client import find_free_port
+from devkit.processes import find_free_port
 
 SEAM = ROOT / "devkit" / "dev_server" / "sglang_seam"
 

@@ -37,7 +37,6 @@ from devkit import ROOT  # on the server's PYTHONPATH: `-m devkit.dev_server`
 from devkit.processes import find_free_port, stop_group, tail
 
 
-
 class HTTPStatusError(RuntimeError):
     """A non-200 answer from http_json(); ``status`` and ``body`` hold the details."""
 

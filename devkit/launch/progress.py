@@ -8,8 +8,9 @@ all) with the step, the stats it was asked for and the time left at the pace so 
 line early on with the whole run's expected time, and hands every other line to
 `echo_progress`. `StepWatch.guard` stops the run when no step has finished for
 `stall_limit` seconds (the run's start counts as one, with `first_step_limit` in its place
-if one is given) or, if one is given, when `time_limit` seconds have passed: it prints the cause first, and shows nothing of the run
-after it (what the stopped processes print about their stop goes to the run's log only).
+if one is given) or, if one is given, when `time_limit` seconds have passed: it prints the
+cause first, and shows nothing of the run after it (what the stopped processes print about
+their stop goes to the run's log only).
 """
 
 from __future__ import annotations
