@@ -1,5 +1,5 @@
-"""Small helpers for the processes and logs of runs and servers, shared by `dev_server/` and
-`launch/`; standard library and psutil only."""
+"""Small helpers for the processes and logs of runs and servers, shared by devkit and the
+experiments; standard library and psutil only."""
 
 from __future__ import annotations
 
