@@ -39,7 +39,10 @@ import psutil
 
 
 def kill_descendants(timeout: float = 10.0) -> None:
-    """SIGKILL every process this one started, directly or not, and reap them."""
+    """SIGKILL every process this one started, directly or not, and reap them.
+
+    Not devkit.processes.stop_group: the AReaL fixes import nothing of devkit, and this ends a
+    run's leftovers (or a stuck exit) at once, where stop_group gives a child's tree a grace."""
     children = psutil.Process().children(recursive=True)
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -62,7 +65,10 @@ def end_now(message: str, code: int = 1) -> None:
 
 
 def exit_on_sigterm(signum: int, frame) -> None:
-    """Exit cleanly (finally blocks, atexit), or by force if that has not ended in the grace."""
+    """Exit cleanly (finally blocks, atexit), or by force if that has not ended in the grace.
+
+    Not devkit.processes.sigterm_raises: the AReaL fixes import nothing of devkit, and this one
+    arms the forced exit too."""
     message = f"clean exit still running {SIGTERM_GRACE_SECONDS:g} s after SIGTERM; ending by force"
     timer = threading.Timer(SIGTERM_GRACE_SECONDS, end_now, args=(message, 128 + signum))
     timer.daemon = True

@@ -60,7 +60,7 @@ from devkit.launch import config_errors, preflight
 from devkit.launch.progress import StepWatch
 from devkit.launch.training import (CPU_BATCH_SIZE, LAUNCHERS, cpu_overrides, latest_checkpoint, run_sft,
                                     run_user_command, saved_global_step)
-from devkit.processes import sigterm_as_interrupt
+from devkit.processes import sigterm_raises
 
 PUZZLES = ["--min-numbers", "2", "--max-numbers", "2", "--num-max", "50", "--target-min", "1", "--target-max", "100"]
 TRAIN_PUZZLES, HELD_OUT = 2300, 500
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     # The trainer runs in a session of its own: `kill` or `timeout` must stop the demo the way
     # Ctrl-C does, through the clean-up that stops the trainer's processes too.
-    with sigterm_as_interrupt():
+    with sigterm_raises():
         return run_demo(args)
 
 

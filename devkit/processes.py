@@ -1,5 +1,5 @@
-"""Small helpers for the processes and logs of runs and servers, shared by `dev_server/` and
-`launch/`; standard library and psutil only."""
+"""Small helpers for the processes and logs of runs and servers, shared by devkit and the
+experiments; standard library and psutil only."""
 
 from __future__ import annotations
 
@@ -51,15 +51,16 @@ def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM leaves the block the way Ctrl-C does; once: a second one must not cut the
-    clean-up short."""
+def sigterm_raises(exception: BaseException | type[BaseException] = KeyboardInterrupt) -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`) raises `exception` in the block, so that it ends through the
+    same clean-up as Ctrl-C: a KeyboardInterrupt by default, `SystemExit(143)` for that status.
+    Once: a second SIGTERM must not cut the clean-up short."""
 
-    def interrupt(*_) -> None:
+    def raise_once(*_) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
+        raise exception
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_once)
     try:
         yield
     finally:

@@ -27,6 +27,7 @@ it with --init.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -45,6 +46,7 @@ import countdown
 from devkit import ROOT
 from devkit.dev_server.client import http_json, serve
 from devkit.launch import config_errors, preflight, training
+from devkit.processes import sigterm_raises
 
 START = time.time()
 
@@ -335,10 +337,10 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
-def stop_cleanly_on_sigterm() -> None:
-    """`timeout` on the GPU machine sends SIGTERM: exit through the `finally` blocks, which stop
-    the trainer and the server cleanly and still copy what the run has written so far."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+def sigterm_exits() -> contextlib.AbstractContextManager[None]:
+    """`timeout` on the GPU machine sends SIGTERM: exit 143 through the `finally` blocks, which
+    stop the trainer and the server cleanly and still copy what the run has written so far."""
+    return sigterm_raises(SystemExit(128 + signal.SIGTERM))
 
 
 def copy_outputs(work: Path, out: Path) -> None:
@@ -429,12 +431,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main() -> None:
     args = parse_args(sys.argv[1:])
     args.work.mkdir(parents=True, exist_ok=True)
-    stop_cleanly_on_sigterm()
-    try:
-        sft_phase(args) if args.phase == "sft" else grpo_phase(args)
-    finally:
-        if args.out:
-            copy_outputs(args.work, args.out)
+    with sigterm_exits():
+        try:
+            sft_phase(args) if args.phase == "sft" else grpo_phase(args)
+        finally:
+            if args.out:
+                copy_outputs(args.work, args.out)
 
 
 if __name__ == "__main__":

@@ -238,13 +238,13 @@ def main() -> None:
     learning_run.warm_start_model(lr_args)  # before any folder, the data, and TRL's or AReaL's start-up
     lr_args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    learning_run.stop_cleanly_on_sigterm()
     stem = row_file_stem(args.row, lr_args)
-    try:
-        record = run_row(args, lr_args, shlex.join(["python3", "-m", "experiments.time_to_accuracy", *argv]))
-    finally:
-        if args.row != "C":
-            learning_run.copy_outputs(lr_args.work, args.out / stem)
+    with learning_run.sigterm_exits():
+        try:
+            record = run_row(args, lr_args, shlex.join(["python3", "-m", "experiments.time_to_accuracy", *argv]))
+        finally:
+            if args.row != "C":
+                learning_run.copy_outputs(lr_args.work, args.out / stem)
     path = args.out / f"{stem}.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     final = record["final"]["pass@1"]

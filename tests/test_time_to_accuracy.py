@@ -90,7 +90,7 @@ def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_d
         assert (tmp_path / "out" / "row_A_seed9137" / name).stat().st_size > 0
 
 
-def test_rows_differ_only_as_issue_23_says(tmp_path, capsys):
+def test_rows_b_and_d_each_change_one_setting_of_row_a(tmp_path, capsys):
     common = ["--init", str(tmp_path), "--out", str(tmp_path)]
     rows = {row: vars(tta.parse_args(["--row", row, *common])[1]) for row in "ABCD"}
     assert rows["A"]["decoder"] == "hf" and rows["A"]["set"] == []

@@ -174,7 +174,9 @@ def stop(session: int | None, marker: str) -> None:
     """SIGTERM every process of the cluster, SIGKILL what is left after STOP_GRACE_S.
 
     Processes that appear meanwhile (a worker the raylet was starting) are caught by the
-    next round; raises if any is still there after STOP_TIMEOUT_S.
+    next round; raises if any is still there after STOP_TIMEOUT_S. Not
+    devkit.processes.stop_group: `ray start` has exited, so its daemons are no one's children
+    here and are found by session and marker instead.
     """
     start = time.monotonic()
     while pids := processes(session, marker):

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from devkit.processes import find_free_port, plain, sigterm_as_interrupt, stop_group, tail
+from devkit.processes import find_free_port, plain, sigterm_raises, stop_group, tail
 
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
 
     install()
     # SIGTERM ends the run the way Ctrl-C does, through cluster()'s clean-up.
-    with sigterm_as_interrupt(), cluster(args.dir, args.gpus, args.cpus, args.mem_mb) as env:
+    with sigterm_raises(), cluster(args.dir, args.gpus, args.cpus, args.mem_mb) as env:
         print(f"export SLURM_CONF={env['SLURM_CONF']}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()

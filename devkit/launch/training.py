@@ -34,7 +34,7 @@ from safetensors import SafetensorError, safe_open
 import countdown
 from devkit import ROOT
 from devkit.launch.preflight import key_of_override
-from devkit.processes import find_free_port, plain, sigterm_as_interrupt, stop_group
+from devkit.processes import find_free_port, plain, sigterm_raises, stop_group
 
 SEAM = ROOT / "devkit" / "dev_server" / "sglang_seam"
 LAUNCHERS = ("single", "single-ray", "single-slurm", "local", "slurm", "ray")
@@ -116,12 +116,12 @@ def launcher_cluster(launcher: str, run_dir: Path) -> Iterator[dict[str, str]]:
 
         # Ray's workers inherit the seam from `ray start` and start in ROOT, as the
         # launcher's relative train.py and train_config.yaml need.
-        with sigterm_as_interrupt(), ray_cluster.cluster(run_dir / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
+        with sigterm_raises(), ray_cluster.cluster(run_dir / "ray", gpus=2, env=seam_env(), cwd=ROOT) as env:
             yield {"RAY_ADDRESS": env["RAY_ADDRESS"]}
     elif launcher in ("slurm", "single-slurm"):
         from devkit.launch import slurm_cluster
 
-        with sigterm_as_interrupt(), slurm_cluster.for_run(run_dir, echo_progress) as env:
+        with sigterm_raises(), slurm_cluster.for_run(run_dir, echo_progress) as env:
             yield env
     else:
         yield {}
