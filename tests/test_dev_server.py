@@ -313,6 +313,72 @@ def test_areal_remote_sglang_engine(server, hf, prompts):
         engine.destroy()
 
 
+def resend_after_resume(server, prompt) -> list[float]:
+    """Run one long rollout through AReaL's RemoteSGLangEngine and interrupt it as a weight push
+    does (dispatcher paused, server paused: it aborts the request, then continued, then the
+    dispatcher resumed); the sleeps agenerate asked for meanwhile, in seconds."""
+    from areal.api import ModelRequest
+    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+    from areal.engine import RemoteSGLangEngine
+
+    config = InferenceEngineConfig(
+        experiment_name="test-dev-server", trial_name="resume", backend="sglang:d1",
+        setup_timeout=30, request_timeout=120, pause_grace_period=0.0,
+        max_concurrent_rollouts=8, consumer_batch_size=1,
+    )
+    engine = RemoteSGLangEngine(config)
+    engine.initialize(addr=server.addr)
+    asked, real_sleep, box = [], asyncio.sleep, {}
+
+    async def recorded_sleep(delay, result=None):
+        if delay > 0:
+            asked.append(delay)
+        return await real_sleep(delay, result)
+
+    def run():
+        g = GenerationHyperparameters(max_new_tokens=200, greedy=True, ignore_eos=True)
+        box["r"] = asyncio.run(engine.agenerate(ModelRequest(rid="resume", input_ids=prompt, gconfig=g)))
+
+    try:
+        asyncio.sleep = recorded_sleep
+        th = threading.Thread(target=run)
+        th.start()
+        wait_until(lambda: info(server.addr)["running"] == 1, what="request running")
+        engine.pause()  # the trainer's rollout.pause() before a push
+        engine.pause_generation()  # the push: the server aborts the running request
+        engine.continue_generation()
+        time.sleep(0.3)  # the rest of the trainer's step
+        engine.resume()
+        th.join(timeout=120)
+    finally:
+        asyncio.sleep = real_sleep
+        engine.destroy()
+    assert len(box["r"].output_tokens) == 200  # the aborted request was resent and finished
+    return asked
+
+
+def test_areal_resends_an_aborted_rollout_on_a_half_second_poll(server, prompts, monkeypatch):
+    """The premise of areal_patches/resume_poll (if AReaL changes, drop the module)."""
+    from areal.infra import remote_inf_engine
+
+    monkeypatch.setattr(remote_inf_engine, "asyncio", asyncio)  # upstream's, whatever ran before
+    asked = resend_after_resume(server, prompts[0])
+    assert asked and set(asked) == {0.5}
+
+
+def test_resume_poll_resends_it_within_20_ms_of_the_resume(server, prompts, monkeypatch):
+    from areal.infra import remote_inf_engine
+
+    from areal_patches import resume_poll
+
+    monkeypatch.setattr(remote_inf_engine, "asyncio", asyncio)
+    resume_poll.install()
+    resume_poll.install()  # idempotent
+    assert isinstance(remote_inf_engine.asyncio, resume_poll.CappedSleep)
+    asked = resend_after_resume(server, prompts[0])
+    assert len(asked) >= 10 and max(asked) == resume_poll.POLL_SECONDS  # polled through the 0.3 s
+
+
 # ----------------------------------------------------------------------------- process hygiene
 
 

@@ -1,4 +1,4 @@
-"""experiments/bench/pause_windows: the pause of each weight push and the tokens generated, read from a dev
+"""experiments/bench/pause_windows: the pause of each weight push, the server's idle after it, and the tokens generated, read from a dev
 server log in the format its scheduler and handlers write (a run's rollout.log may prefix them),
 and the completion posts that timed out, from the rollout worker's lines in the same log."""
 
@@ -13,6 +13,7 @@ LOG = """\
 2026-12-01 20:50:09,900 dev_server[7] INFO batch n=2 prompt_max=9 new_tokens=10 steps=5 0.05s 200 tok/s finish=abort:2 v=0 queued=0
 2026-12-01 20:50:10,413 dev_server[7] INFO loaded weights from /w/v1 in 0.62s (weight_version=1, 0 running requests affected, fingerprint=-1.0)
 [rollout] 2026-12-01 20:50:10,564 dev_server[7] INFO generation continued (0 queued)
+2026-12-01 20:50:11,064 dev_server[7] INFO batch n=2 prompt_max=9 new_tokens=20 steps=10 0.20s 100 tok/s finish=stop:2 v=1 queued=0
 2026-12-01 20:50:20,000 dev_server[7] INFO generation continued (0 queued)
 2026-12-01 20:50:44,660 dev_server[7] INFO generation paused (mode=abort, 0 running requests aborted, 0 queued held)
 2026-12-01 20:51:46,235 dev_server[7] INFO generation continued (0 queued)
@@ -25,7 +26,9 @@ a line from another process
 def test_each_pause_is_measured_to_its_continue_and_generation_is_counted():
     log = read_server_log(LOG)
     assert log.pauses == pytest.approx([0.779, 61.575])  # a continue with no pause before it counts nothing
-    assert (log.output_tokens, log.aborted) == (110, 2)
+    assert log.idle_after == pytest.approx([0.3])  # continued at 10.564, the next batch ran 10.864-11.064
+    assert log.busy_seconds == pytest.approx(0.55)
+    assert (log.output_tokens, log.aborted) == (130, 2)
     assert log.seconds == pytest.approx(106.235)
     assert log.callbacks_timed_out == 1  # the stall's mark; a reset at the end of a run is not
 
@@ -34,7 +37,7 @@ def test_the_table_has_a_row_per_log_and_a_missing_file_is_refused(tmp_path, cap
     (tmp_path / "server.log").write_text(LOG)
     main([f"fix={tmp_path / 'server.log'}"])
     row = capsys.readouterr().out.splitlines()[-1]
-    assert row == "| fix | 2 | 31.177 | 61.575 | 62.4 | 106 | 110 | 1 | 2 | 1 |"
+    assert row == "| fix | 2 | 31.177 | 61.575 | 62.4 | 0.300 | 1% | 106 | 130 | 1 | 2 | 1 |"
     with pytest.raises(SystemExit) as refused:
         main([f"fix={tmp_path / 'missing.log'}"])
     assert refused.value.code == 2
