@@ -28,7 +28,7 @@ from devkit.processes import plain
 # since they started (Ray's workers rename themselves, which hides their environment): they
 # run one after another in one worker, the group "clusters", scheduled first with the other
 # whole runs (the longest tests first). The tests that take SmolLM2's folder run in one worker
-# too, the group "smollm2", which builds the folder once (about 20 s a build).
+# too, the group "smollm2", which builds the folder once.
 RUN_MARKER = "COUNTDOWN_TEST_RUN"
 CLUSTER_TESTS = {
     "tests/test_sft.py::test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes",
