@@ -27,7 +27,8 @@ from devkit.processes import plain
 # that start a Ray or Slurm cluster (one Slurm per host) also look for any cluster daemon new
 # since they started (Ray's workers rename themselves, which hides their environment): they
 # run one after another in one worker, the group "clusters", scheduled first with the other
-# whole runs (the longest tests first).
+# whole runs (the longest tests first). The tests that take SmolLM2's folder run in one worker
+# too, the group "smollm2", which builds the folder once.
 RUN_MARKER = "COUNTDOWN_TEST_RUN"
 CLUSTER_TESTS = {
     "tests/test_sft.py::test_sft_on_a_ray_cluster_trains_in_a_worker_that_has_the_fixes",
@@ -128,16 +129,25 @@ def starts_a_cluster(item: pytest.Item) -> bool:
     return item.nodeid.split("[")[0] in CLUSTER_TESTS or launcher in CLUSTER_LAUNCHERS
 
 
+def worker_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group whose tests run one after another in one worker, if any."""
+    if starts_a_cluster(item):
+        return "clusters"
+    if "smollm2_dir" in getattr(item, "fixturenames", ()):
+        return "smollm2"
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if starts_a_cluster(item):
-            item.add_marker(pytest.mark.xdist_group("clusters"))
+        if group := worker_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
             # pytest-xdist 3.8 tells its scheduler the group by a suffix to the node id, which
             # pytest 9.2 no longer takes from where it writes it (_nodeid); it reads `_id`
             # (https://github.com/pytest-dev/pytest-xdist/issues/1386).
             if getattr(config.option, "loadgroup", False) and hasattr(item, "_id"):
-                item._id = type(item._id).parse(f"{item.nodeid}@clusters")
+                item._id = type(item._id).parse(f"{item.nodeid}@{group}")
     # Stable: the cluster runs, the other whole runs, the other processes that import AReaL, the rest.
     items.sort(key=lambda item: (not starts_a_cluster(item), not item.get_closest_marker("launchers"),
                                  not item.get_closest_marker("e2e")))  # fmt: skip

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.launchers, pytest.mark.timeout(900)]
 # Longer than a step of the quick run on a busy 2-core machine; the start-up and first step
 # (75 s measured there) get a wait of their own, so that the stall itself is waited out for
 # STALL_LIMIT seconds only.
-STALL_LIMIT, FIRST_STEP_LIMIT = 45, 400
+STALL_LIMIT, FIRST_STEP_LIMIT = 30, 400
 
 
 def test_a_stalled_run_stops_with_its_cause_first_and_shows_what_it_reached(start_demo, tmp_path):

@@ -114,11 +114,11 @@ def test_scaling_compares_each_rank_count_with_one_rank_of_the_same_shape_and_se
 
 @pytest.mark.e2e
 def test_the_bench_runs_its_areal_row_on_two_fsdp_ranks(tmp_path):
-    """The multi-GPU rows' code path on CPU (two gloo ranks under torchrun): the numbers mean
-    nothing here, the row must come back whole from the first rank."""
+    """The multi-GPU rows' code path on CPU (two gloo ranks under torchrun), at the tiny model's
+    shape: the numbers mean nothing here, the row must come back whole from the first rank."""
     out = tmp_path / "experiments.bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
+        [sys.executable, "-m", "experiments.bench.gpu.train_step", "--device", "cpu", "--shapes", "tiny", "--seqs", "8",
          "--rows", "1", "--steps", "1", "--no-trl", "--ranks", "2", "--json", str(out)],
         cwd=train_step.ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -127,10 +127,10 @@ def test_the_bench_runs_its_areal_row_on_two_fsdp_ranks(tmp_path):
     (row,) = result["rows"]
     assert "error" not in row, row["error"]
     assert row["ranks"] == 2 and row["seqs"] == 8
-    samples = train_step.make_samples(8, train_step.SHAPES["small"][5])
+    samples = train_step.make_samples(8, train_step.SHAPES["tiny"][5])
     assert row["tokens"] == sum(len(s.prompt) + len(s.completion) for s in samples)  # one rank's batch
     assert [r["ranks"] for r in result["scaling"]] == [2]
-    assert "| small |" in proc.stdout and "| 2 |" in proc.stdout  # the scaling table
+    assert "| tiny |" in proc.stdout and "| 2 |" in proc.stdout  # the scaling table
 
 
 def test_the_first_traceback_survives_lines_of_other_ranks_written_into_it():
@@ -154,11 +154,11 @@ def test_a_failing_rank_shows_its_own_error_not_only_torchruns_summary(tmp_path)
     (tmp_path / "areal").mkdir()
     (tmp_path / "areal" / "__init__.py").write_text('raise ImportError("areal broken on purpose")\n')
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench.gpu.train_step", "--device", "cpu", "--shapes", "small", "--seqs", "8",
+        [sys.executable, "-m", "experiments.bench.gpu.train_step", "--device", "cpu", "--shapes", "tiny", "--seqs", "8",
          "--rows", "1", "--steps", "1", "--no-trl", "--ranks", "2"],
         cwd=train_step.ROOT, capture_output=True, text=True, timeout=300,
         env={**train_step.os.environ, "PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
-    assert "small on 2 ranks exited with 1" in proc.stdout, proc.stdout[-3000:]
+    assert "tiny on 2 ranks exited with 1" in proc.stdout, proc.stdout[-3000:]
     assert "ImportError: areal broken on purpose" in proc.stdout
     assert "ChildFailedError" in proc.stdout  # torchrun's summary, after the rank's error

@@ -81,17 +81,17 @@ def test_sft_then_grpo_on_cpu(tmp_path):
     # The toy train file is a 75-step epoch: --grpo-steps 1000 runs it again and again.
     timed = learning_run(
         "grpo", "--work", str(work), "--out", str(tmp_path / "timed"), "--grpo-steps", "1000",
-        "--grpo-seconds", "60", "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24",
+        "--grpo-seconds", "20", "--batch", "4", "--n-samples", "2", "--max-new-tokens", "24",
         "--train-max-new-tokens", "24", "--eval-every", "1000", "--save-every", "1000",
     )  # fmt: skip
     assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
     results = json.loads((tmp_path / "timed" / "results.json").read_text())
-    assert results["stopped_by_time_limit"] and results["grpo_steps"] < 1000
+    assert results["stopped_by_time_limit"] and 0 < results["grpo_steps"] < 1000  # stopped while training
     # Stopped before its first save: the results are kept, and the earlier call's model is not
     # left behind as if it were this one's.
     assert results["final_model_step"] is None and not (work / "final_model").exists()
     assert "no model to go on from" in timed.stdout and "the run ended before its first save" in timed.stdout
-    assert 60 <= results["grpo_seconds"] < 90
+    assert 20 <= results["grpo_seconds"] < 50
     pushed = int(results["weight_version_evaluated"])  # a push may land between log lines
     assert results["grpo_steps"] <= pushed <= results["grpo_steps"] + 1
     assert set(results["pass@1_after"]) == {"all", "3 numbers", "4 numbers"}

@@ -175,13 +175,17 @@ def test_packed_logp_matches_unpacked_forward_on_llama(smollm2_dir, single_rank)
 @pytest.mark.launchers
 @pytest.mark.timeout(900)
 def test_the_single_controller_trains_it_pushes_and_evaluates(smollm2_dir, start_demo, tmp_path):
-    """The README's training command (the demo's quick run) on SmolLM2: 2 steps of GRPO with
-    advantages forced non-zero, a push after each that changes what the server computes, the
-    held-out evaluation, a saved model that loads."""
+    """The README's training command (the demo's quick run) on SmolLM2: 2 steps of GRPO (2
+    puzzles a step) with advantages forced non-zero, a push after each that changes what the
+    server computes, the held-out evaluation (of 4 puzzles), a saved model that loads. No
+    recover checkpoint: its optimizer state is the slowest write of a step here, and the runs
+    of test_launchers.py check it."""
     before = live_processes()
-    run_dir = tmp_path / "run"
+    run_dir, held_out = tmp_path / "run", tmp_path / "held_out.jsonl"
+    countdown.write_jsonl([(held_out, countdown.generate_puzzles(4, seed=12))])
     proc = start_demo(run_dir, "--steps", "2", f"actor.path={smollm2_dir}", "gconfig.max_new_tokens=16",
-                      "gconfig.n_samples=2", "valid_dataset.batch_size=4", *WEIGHTS_MOVE)  # fmt: skip
+                      "gconfig.n_samples=2", "train_dataset.batch_size=2", f"valid_dataset.path={held_out}",
+                      "valid_dataset.batch_size=4", "recover.mode=off", *WEIGHTS_MOVE)  # fmt: skip
     output, _ = proc.communicate(timeout=840)
     assert proc.returncode == 0, output[-4000:]
     assert "Train step 2/2 done" in output

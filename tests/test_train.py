@@ -168,12 +168,17 @@ def greedy_logprobs_of(model_dir: Path, prompt: list[int], completion: list[int]
     return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
 
 
+# actor.kl_ctl > 0 (train_config.yaml ships 0): AReaL loads the `ref` model beside the actor
+# and takes a KL penalty off the rewards.
+KL_PENALTY = ["actor.kl_ctl=0.1"]
+
+
 def train_overrides(run_dir: Path, model: Path, data_dir: Path, steps: int) -> list[str]:
     return training.cpu_overrides(run_dir, model, data_dir, steps) + [
         # Constant negative reward, no normalisation: the random model earns no reward, and
         # this still gives every sampled token a non-zero advantage, so weights must move.
         "actor.reward_norm=null", "actor.adv_norm=null", "actor.reward_bias=-0.5",
-        "actor.optimizer.lr=1e-3", "saver.freq_steps=1", "valid_dataset.batch_size=8",
+        "actor.optimizer.lr=1e-3", "saver.freq_steps=1", "valid_dataset.batch_size=8", *KL_PENALTY,
     ]  # fmt: skip
 
 
@@ -184,7 +189,11 @@ def train(run_dir: Path, model: Path, data_dir: Path, addr: str, steps: int) -> 
 
 
 @pytest.mark.e2e
-def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_dir, tmp_path):
+def test_two_steps_of_training_with_a_kl_penalty_then_recovery_after_a_kill(tiny_model_dir, data_dir, tmp_path):
+    """With a KL penalty (KL_PENALTY): the ref model starts from the actor's weights, so the
+    penalty is zero at the first step and appears once the actor has moved (by the last step;
+    the second step's rollouts may still come from the first weights); a ref that loaded other
+    weights, or computed log-probs differently from the actor, fails the first check."""
     rows = countdown.load_puzzles(str(data_dir / "test_e.jsonl"))[:2]
     tokenizer = engine_tokenizer(tiny_model_dir)
     prompts = [countdown.prompt_token_ids(tokenizer, r["messages"]) for r in rows]
@@ -212,6 +221,8 @@ def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_d
         scalars = plot.load_run(run_dir / "logs" / "tensorboard")
         assert sorted(scalars["rollout/reward"]) == [0, 1]
         assert sorted(scalars["eval-rollout/success"]) == [0, 1]
+        assert sorted(scalars["timeperf/ref_logp"]) == [0, 1]
+        assert abs(scalars["ppo_actor/kl_rewards/avg"][0]) < 1e-6
 
         # A run killed mid-way resumes from its last recover checkpoint. (This launch itself
         # resumes the finished 2-step run at step 3; it is killed once step 3 is logged.)
@@ -231,8 +242,9 @@ def test_two_steps_of_training_then_recovery_after_a_kill(tiny_model_dir, data_d
         # step's recover checkpoint and its log line.
         assert resumed[0] in (last_logged + 1, last_logged + 2) and resumed[-1] == 5
         # A hard kill may lose the killed step's unflushed metrics, never the resumed ones.
-        logged = set(plot.load_run(run_dir / "logs" / "tensorboard")["rollout/reward"])
-        assert {0, 1} | {n - 1 for n in resumed} <= logged
+        scalars = plot.load_run(run_dir / "logs" / "tensorboard")
+        assert {0, 1} | {n - 1 for n in resumed} <= set(scalars["rollout/reward"])
+        assert abs(scalars["ppo_actor/kl_rewards/avg"][4]) > 1e-4  # the actor has moved
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -256,23 +268,6 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float) -> None:
         assert proc.poll() is None, "trainer exited before the awaited step"
         assert time.time() < deadline, "trainer too slow"
         time.sleep(0.5)
-
-
-@pytest.mark.e2e
-def test_a_kl_penalty_runs_the_reference_model(tiny_model_dir, data_dir, tmp_path):
-    """actor.kl_ctl > 0 (train_config.yaml ships 0) has AReaL load the `ref` model beside the
-    actor and take a KL penalty off the rewards. The ref starts from the same weights, so the
-    penalty is zero at the first step and appears once the actor has moved: a ref that loaded
-    other weights, or computed log-probs differently from the actor, fails the first check."""
-    run_dir = tmp_path / "run"
-    overrides = train_overrides(run_dir, tiny_model_dir, data_dir, 3) + ["actor.kl_ctl=0.1"]
-    with serve(str(tiny_model_dir), log_file=tmp_path / "server.log") as addr:
-        training.launch_trainer(run_dir, overrides, addr, run_dir / "train.log")
-    scalars = plot.load_run(run_dir / "logs" / "tensorboard")
-    assert sorted(scalars["timeperf/ref_logp"]) == [0, 1, 2]
-    penalty = scalars["ppo_actor/kl_rewards/avg"]
-    assert abs(penalty[0]) < 1e-6
-    assert abs(penalty[2]) > 1e-4
 
 
 def run_train_py(args: list[str]) -> subprocess.CompletedProcess:

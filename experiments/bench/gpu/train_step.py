@@ -1,6 +1,6 @@
 """GRPO training-step throughput on one GPU: AReaL's FSDPPPOActor as train.py runs it, and TRL.
 
-    python3 -m experiments.bench.gpu.train_step [--shapes small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
+    python3 -m experiments.bench.gpu.train_step [--shapes tiny small 0.5b 1.5b 3b] [--seqs 64] [--steps 2] [--json PATH]
                                     [--no-trl] [--rows N] [--profile DIR] [--device cpu] [--ranks 1 2 4]
 
 Every model has random weights from a Qwen2.5-shaped Qwen2 config (nothing is downloaded),
@@ -98,6 +98,7 @@ from devkit.make_tiny_model import count_params
 
 START = time.perf_counter()
 SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab)
+    "tiny": (256, 2, 4, 2, 512, 899),  # devkit/make_tiny_model.py's preset tiny: the CPU check of the code paths
     "small": (512, 8, 8, 2, 2048, 899),
     "0.5b": (896, 24, 14, 2, 4864, 151936),
     "1.5b": (1536, 28, 12, 2, 8960, 151936),
