@@ -94,11 +94,13 @@ from pathlib import Path
 
 from devkit import ROOT
 from devkit.launch.training import torchrun_command
-from devkit.make_tiny_model import count_params
+from devkit.make_tiny_model import TINY, count_params
 
 START = time.perf_counter()
 SHAPES = {  # Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate, vocab)
-    "tiny": (256, 2, 4, 2, 512, 899),  # devkit/make_tiny_model.py's preset tiny: the CPU check of the code paths
+    # devkit/make_tiny_model.py's preset tiny, with its tokenizer's 899 ids: the CPU check of the code paths
+    "tiny": (*(TINY[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                 "intermediate_size")), 899),
     "small": (512, 8, 8, 2, 2048, 899),
     "0.5b": (896, 24, 14, 2, 4864, 151936),
     "1.5b": (1536, 28, 12, 2, 8960, 151936),
