@@ -263,18 +263,26 @@ def test_update_weights_from_disk(server, hf, alt_model_dir, tiny_model_dir, pro
 # ----------------------------------------------------------------------------- AReaL client
 
 
-def test_areal_remote_sglang_engine(server, hf, prompts):
+def remote_engine(server, trial_name: str):
+    """AReaL's SGLang client, initialised against the dev server."""
     areal_engine = pytest.importorskip("areal.engine")
-    from areal.api import ModelRequest
-    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+    from areal.api.cli_args import InferenceEngineConfig
 
     config = InferenceEngineConfig(
-        experiment_name="test-dev-server", trial_name="t0", backend="sglang:d1",
+        experiment_name="test-dev-server", trial_name=trial_name, backend="sglang:d1",
         setup_timeout=30, request_timeout=120, pause_grace_period=0.0,
         max_concurrent_rollouts=8, consumer_batch_size=1,
     )
     engine = areal_engine.RemoteSGLangEngine(config)
     engine.initialize(addr=server.addr)
+    return engine
+
+
+def test_areal_remote_sglang_engine(server, hf, prompts):
+    from areal.api import ModelRequest
+    from areal.api.cli_args import GenerationHyperparameters
+
+    engine = remote_engine(server, "t0")
     try:
         p = prompts[0]
         g = GenerationHyperparameters(max_new_tokens=12, greedy=True, ignore_eos=True)
@@ -318,16 +326,9 @@ def resend_after_resume(server, prompt) -> list[float]:
     does (dispatcher paused, server paused: it aborts the request, then continued, then the
     dispatcher resumed); the sleeps agenerate asked for meanwhile, in seconds."""
     from areal.api import ModelRequest
-    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
-    from areal.engine import RemoteSGLangEngine
+    from areal.api.cli_args import GenerationHyperparameters
 
-    config = InferenceEngineConfig(
-        experiment_name="test-dev-server", trial_name="resume", backend="sglang:d1",
-        setup_timeout=30, request_timeout=120, pause_grace_period=0.0,
-        max_concurrent_rollouts=8, consumer_batch_size=1,
-    )
-    engine = RemoteSGLangEngine(config)
-    engine.initialize(addr=server.addr)
+    engine = remote_engine(server, "resume")
     asked, real_sleep, box = [], asyncio.sleep, {}
 
     async def recorded_sleep(delay, result=None):
