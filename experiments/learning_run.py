@@ -179,7 +179,8 @@ def grpo_schedule(args: argparse.Namespace) -> tuple[int, float]:
 
 def server_options(args: argparse.Namespace) -> dict:
     return dict(device=args.device, dtype=args.dtype, max_batch=1024, seed=trainer_seed(args),
-                log_file=args.work / "server.log", extra_args=["--decoder", args.decoder])
+                log_file=args.work / "server.log",
+                extra_args=["--decoder", args.decoder, "--batching", args.server_batching])
 
 
 def train_setting(overrides: list[str], key: str) -> object:
@@ -368,6 +369,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
                         help="the dev server's decoder (auto: CUDA graphs on a GPU; see devkit/dev_server/)")
+    parser.add_argument("--server-batching", choices=["continuous", "static"], default="continuous",
+                        help="the dev server's batching with its static decoder (static: each batch runs "
+                        "to its end before the next starts)")
     parser.add_argument("--train-size", type=int, default=250_000)
     parser.add_argument("--test-size", type=int, default=1000)
     parser.add_argument("--train-numbers", type=int, choices=[3, 4],

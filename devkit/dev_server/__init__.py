@@ -2,12 +2,12 @@
 
     python3 -m devkit.dev_server --model PATH [--host 127.0.0.1] [--port 30000]
         [--device cpu|cuda] [--dtype float32|bfloat16] [--max-batch 64] [--seed 0]
-        [--decoder auto|hf|static] [--static-max-len 1024]
+        [--decoder auto|hf|static] [--batching continuous|static] [--static-max-len 1024]
 
 This is a development server for CPU demos and tests (and small single-GPU experiments),
 NOT a replacement for SGLang: one process, one device, a plain Hugging Face
-``transformers`` model, static batches (no continuous batching, no paged attention, no
-prefix cache, no tensor parallelism, no LoRA, no NCCL weight sync). It
+``transformers`` model, continuous batching only with its static decoder (no paged
+attention, no prefix cache, no tensor parallelism, no LoRA, no NCCL weight sync). It
 exists so that AReaL's production client, ``areal.engine.RemoteSGLangEngine``, runs
 unchanged against a model on a machine without SGLang. It needs only torch,
 transformers and aiohttp (aiohttp rather than FastAPI/uvicorn: AReaL's client needs
@@ -17,7 +17,7 @@ Modules, by role:
 
 - `protocol`: SGLang's wire format (a /generate payload parsed and checked, the response built).
 - `engine`: the transformers model and the batched sampler; `static_decode`: its CUDA-graph
-  decoder for Qwen2 and Llama on a GPU.
+  decoder for Qwen2 and Llama on a GPU; `continuous`: continuous batching on that decoder.
 - `scheduler`: the request queue and the worker thread that batches it (pause, abort, weight swap).
 - `app`: the aiohttp handlers and the serving loop; `__main__`: the server process and its flags.
 - `client`: start, stop and call a server from scripts and tests (imports no torch).
@@ -51,8 +51,12 @@ Protocol decisions (the AReaL client in areal/infra/remote_inf_engine.py is the 
   ``--batch-wait-ms`` (ending early once no request arrived for 20 ms) so that a burst
   of concurrent requests shares one batch. Prompts are left-padded; position ids come from the
   attention mask, so padding does not change results beyond float noise (greedy
-  output equals an unbatched ``model.generate`` greedy decode). The batch runs until
-  every row has finished; requests arriving meanwhile wait for the next batch.
+  output equals an unbatched ``model.generate`` greedy decode). With the static decoder
+  (``--batching continuous``, the default) a request arriving while a batch runs joins
+  it at the next decode step if it has the batch's sampling key and fits its cache
+  slots, and each request is answered as soon as it finishes; otherwise (and always
+  with ``--decoder hf``, or ``--batching static``) the batch runs until every row has
+  finished and requests arriving meanwhile wait for the next batch.
 * Log-probs (``meta_info.output_token_logprobs``, ``[[logprob, token_id, None], ...]``):
   ``log_softmax(logits / temperature)`` of the sampled token for temperature > 0 and
   ``log_softmax(logits)`` for greedy (temperature 0). This is what AReaL's actor computes

@@ -41,6 +41,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    "Python; static: devkit/dev_server/static_decode.py (Qwen2 and Llama; preallocated KV cache, "
                    "CUDA graphs on a GPU); auto (default): static on a GPU when the model "
                    "allows it, else hf")
+    p.add_argument("--batching", choices=["continuous", "static"], default="continuous",
+                   help="with the static decoder: continuous (default: requests join the running "
+                   "batch and are answered as they finish, as in SGLang) or static (each batch "
+                   "runs to its longest completion before the next starts; always so with hf)")
     p.add_argument("--static-max-len", type=int, default=1024,
                    help="static decoder: longest prompt + max_new_tokens it holds (longer "
                    "batches fall back to hf); its KV cache is sized max-batch x this")
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: argparse.Namespace, loop: asyncio.AbstractEventLoop, stop_event: asyncio.Event) -> int:
     """Load the model and serve it until `stop_event` is set; the exit status."""
     engine = load_engine(args)
-    scheduler = Scheduler(engine, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000)
+    scheduler = Scheduler(engine, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
+                          continuous=args.batching == "continuous")
     scheduler.start()
     try:
         loop.run_until_complete(serve_http(create_app(engine, scheduler), args.host, args.port,

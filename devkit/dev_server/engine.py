@@ -161,16 +161,16 @@ class Engine:
             return self._generate_batch(model, reqs, should_abort)
 
     def _generate_batch(self, model, reqs, should_abort):
-        ids, mask, pos, lens = self._pack_prompts(reqs)
-        rules = self._stop_rules(reqs)
+        ids, mask, pos, lens = self.pack_prompts(reqs)
+        rules = self.stop_rules(reqs)
         if should_abort():
             return [protocol.abort_result([], [], "Abort before prefill") for _ in reqs]
         forward = self._batch_forward(model, mask, max(rules.max_new))
-        logits, input_logprobs = self._prefill(forward, reqs, ids, pos, lens)
+        logits, input_logprobs = self.prefill(forward.prefill, reqs, ids, pos, lens)
         state = self._decode(forward, reqs, rules, logits, pos[:, -1] + 1, should_abort)
         return self._results(state, rules, input_logprobs)
 
-    def _pack_prompts(self, reqs):
+    def pack_prompts(self, reqs):
         """The prompts left-padded into one tensor, their attention mask and position ids
         (from the mask, so padding changes nothing), on the device; and their lengths."""
         lens = [len(r.input_ids) for r in reqs]
@@ -183,7 +183,7 @@ class Engine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), lens
 
-    def _stop_rules(self, reqs) -> StopRules:
+    def stop_rules(self, reqs) -> StopRules:
         stop_sets = [set() if r.params.ignore_eos else set(r.params.stop_token_ids) | set(self.eos_ids)
                      for r in reqs]
         stop_mat = torch.full((len(reqs), max(1, max(len(s) for s in stop_sets))), -1, dtype=torch.long)
@@ -201,18 +201,19 @@ class Engine:
             return self.static.start(model, mask, max_new)
         return HFBatch(model, mask)
 
-    def _prefill(self, forward, reqs, ids, pos, lens):
+    def prefill(self, forward_prompts, reqs, ids, pos, lens):
         """Logits (rows x vocab, float32) for each row's first new token, and the prompt
-        log-probs of the requests that ask for them (None for the others)."""
+        log-probs of the requests that ask for them (None for the others).
+        `forward_prompts(ids, pos, keep_all)` runs the packed prompts through the model."""
         want = [r.return_logprob and r.logprob_start_len >= 0 for r in reqs]
-        logits = forward.prefill(ids, pos, keep_all=any(want))
+        logits = forward_prompts(ids, pos, keep_all=any(want))
         input_logprobs: list[list | None] = [None] * len(reqs)
         if any(want):
             all_logits = logits.float()
             L = ids.shape[1]
             for i, r in enumerate(reqs):
                 if want[i]:
-                    input_logprobs[i] = self._input_logprobs(all_logits[i, L - lens[i]:], r)
+                    input_logprobs[i] = self.input_logprobs(all_logits[i, L - lens[i]:], r)
         return logits[:, -1, :].float(), input_logprobs
 
     def _decode(self, forward, reqs, rules: StopRules, logits, next_pos, should_abort) -> Decoding:
@@ -226,7 +227,7 @@ class Engine:
                          n_out=torch.zeros(B, dtype=torch.long, device=self.device),
                          str_text={i: [] for i in rules.str_rows})
         while True:
-            tok, lp = self._choose(logits, counts, params)
+            tok, lp = self.choose(logits, counts, params)
             state.tokens.append(tok)
             state.logprobs.append(lp)
             if counts is not None:
@@ -243,7 +244,7 @@ class Engine:
             logits = forward.step(tok, next_pos)
             next_pos = next_pos + 1
 
-    def _choose(self, logits, counts, params: SamplingParams):
+    def choose(self, logits, counts, params: SamplingParams):
         """Every row's next token and its log-prob, taken before filtering and penalties."""
         if params.temperature == 0.0:
             lp_all = torch.log_softmax(logits, dim=-1)
@@ -274,7 +275,7 @@ class Engine:
             if d:
                 continue
             state.str_text[i].append(t)
-            found = self._match_stop_str(reqs[i], state.str_text[i])
+            found = self.match_stop_str(reqs[i], state.str_text[i])
             if found is not None:
                 state.str_matched[i] = found
                 state.finished[i] = True
@@ -297,7 +298,7 @@ class Engine:
             final.append({**result, "input_logprobs": input_logprobs[i]})
         return final
 
-    def _input_logprobs(self, logits_row, req: GenRequest) -> list:
+    def input_logprobs(self, logits_row, req: GenRequest) -> list:
         """[[logprob | None, token_id, None], ...] for prompt positions from logprob_start_len."""
         t = req.params.temperature
         lp = torch.log_softmax(logits_row / t if t > 0 else logits_row, dim=-1)
@@ -332,7 +333,7 @@ class Engine:
             probs = probs.masked_fill(probs < params.min_p * pmax, 0.0)
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
 
-    def _match_stop_str(self, req: GenRequest, out_ids: list[int]) -> str | None:
+    def match_stop_str(self, req: GenRequest, out_ids: list[int]) -> str | None:
         if self.tokenizer is None:
             return None
         text = self.tokenizer.decode(out_ids[-64:], skip_special_tokens=False)

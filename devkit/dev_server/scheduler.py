@@ -1,5 +1,10 @@
 """The batching scheduler: a queue of requests, one worker thread running batches on the
-engine, and what pauses, aborts and weight swaps do to the queue and the running batch."""
+engine, and what pauses, aborts and weight swaps do to the queue and the running batch.
+
+With the static decoder, batches are continuous by default (devkit/dev_server/continuous.py):
+requests join the running batch and are answered as they finish. ``continuous=False`` (the
+server's ``--batching static``) runs each batch to its end first, as the transformers
+decoder always does."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import threading
 import time
 from collections import deque
 
-from devkit.dev_server import protocol
+from devkit.dev_server import continuous, protocol
 from devkit.dev_server.protocol import GenRequest
 
 logger = logging.getLogger("dev_server")
@@ -16,8 +21,9 @@ logger = logging.getLogger("dev_server")
 
 class Scheduler:
     def __init__(self, engine, max_batch: int, batch_wait_s: float = 0.1,
-                 batch_settle_s: float = 0.02):
+                 batch_settle_s: float = 0.02, continuous: bool = True):
         self.engine = engine
+        self.continuous = continuous
         self.model = engine.model
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -163,6 +169,9 @@ class Scheduler:
                              "input_logprobs": None}, version)
         if not work:
             return
+        if self.continuous and continuous.can_serve(self.engine, work):
+            self._run_continuous(work, model, epoch, version)
+            return
         try:
             results = self.engine.generate_batch(
                 model, work, should_abort=lambda: self.abort_epoch != epoch or self.stopping)
@@ -173,23 +182,59 @@ class Scheduler:
             return
         for r, res in zip(work, results):
             self._answer(r, res, version)
-        self._count(work, results, time.perf_counter() - t0, version)
+        self._count_batch(work, results, time.perf_counter() - t0, version)
 
-    def _count(self, work: list[GenRequest], results: list[dict], seconds: float, version: str) -> None:
-        """Add a finished batch to the stats and log it."""
-        n_tok = sum(len(res["output_ids"]) for res in results)
-        self.stats["batches"] += 1
-        self.stats["requests"] += len(work)
-        self.stats["output_tokens"] += n_tok
-        self.stats["aborted"] += sum(res["finish_reason"]["type"] == "abort" for res in results)
+    def _run_continuous(self, work: list[GenRequest], model, epoch: int, version: str) -> None:
+        t0 = time.perf_counter()
+
+        def take(room: int, fits) -> list[GenRequest]:
+            with self.cond:
+                if self.paused or self.stopping or self.abort_epoch != epoch or self.model is not model:
+                    return []
+                taken = []
+                while self.queue and len(taken) < room and fits(self.queue[0]):
+                    taken.append(self.queue.popleft())
+                self.running.extend(taken)
+                return taken
+
+        def answer(req: GenRequest, res: dict) -> None:
+            with self.cond:
+                self.running.remove(req)
+            self._answer(req, res, version)
+
+        run = continuous.ContinuousBatch(self.engine, model, take, answer,
+                                         should_abort=lambda: self.abort_epoch != epoch or self.stopping)
+        try:
+            summary = run.run(work)
+        except Exception as e:  # report to every caller still waiting, keep serving
+            logger.exception("continuous batch failed")
+            for r in run.open_requests():
+                r.resolve(error=e)
+            return
+        self._count(summary.requests, summary.prompt_max, summary.output_tokens, summary.steps,
+                    summary.finish, time.perf_counter() - t0, version, rows_max=summary.rows_max)
+
+    def _count_batch(self, work: list[GenRequest], results: list[dict], seconds: float, version: str) -> None:
         kinds: dict[str, int] = {}
         for res in results:
             kinds[res["finish_reason"]["type"]] = kinds.get(res["finish_reason"]["type"], 0) + 1
+        self._count(len(work), max(len(r.input_ids) for r in work),
+                    sum(len(res["output_ids"]) for res in results),
+                    max(len(res["output_ids"]) for res in results), kinds, seconds, version)
+
+    def _count(self, n: int, prompt_max: int, n_tok: int, steps: int, kinds: dict[str, int],
+               seconds: float, version: str, rows_max: int | None = None) -> None:
+        """Add a finished batch to the stats and log it (a continuous one with the most rows
+        it held at once)."""
+        self.stats["batches"] += 1
+        self.stats["requests"] += n
+        self.stats["output_tokens"] += n_tok
+        self.stats["aborted"] += kinds.get("abort", 0)
         logger.info(
-            "batch n=%d prompt_max=%d new_tokens=%d steps=%d %.2fs %.0f tok/s finish=%s v=%s queued=%d",
-            len(work), max(len(r.input_ids) for r in work), n_tok,
-            max(len(res["output_ids"]) for res in results), seconds, n_tok / max(seconds, 1e-9),
-            ",".join(f"{k}:{v}" for k, v in sorted(kinds.items())), version, len(self.queue),
+            "batch n=%d%s prompt_max=%d new_tokens=%d steps=%d %.2fs %.0f tok/s finish=%s v=%s queued=%d",
+            n, "" if rows_max is None else f" rows_max={rows_max}", prompt_max, n_tok, steps, seconds,
+            n_tok / max(seconds, 1e-9), ",".join(f"{k}:{v}" for k, v in sorted(kinds.items())), version,
+            len(self.queue),
         )
 
     def _answer(self, req: GenRequest, res: dict, version: str | None = None) -> None:

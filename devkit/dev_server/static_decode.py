@@ -15,11 +15,15 @@ windows) is refused and decodes through transformers instead.
 On CPU (or with ``graphs=False``) the same code runs eagerly, which is how the tests
 compare it with transformers' own decoding.
 
-Layout: a batch of B rows (padded up to a power of two, b) is left-padded to L prompt
-slots; prompt tokens sit in slots [L - len, L), decode step k writes slot L + k.
-``valid[row, slot]`` says which slots a row may attend to. One graph is captured per
-(b, T) the server meets, T being L + max_new_tokens rounded up to 128, so attention reads
-only the part of the cache a batch can use.
+Layout: each row of the cache holds one request. Its prompt, left-padded to the length
+L of the prompts it was prefilled with, sits in slots [0, L); its decode step k writes
+slot L + k. ``valid[row, slot]`` says which slots a row may attend to, and ``slot[row]``
+where it writes next, so rows that joined at different times decode side by side (what
+devkit/dev_server/continuous.py needs). Rows are padded up to a power of two, b, and one graph
+is captured per (b, T) the server meets, T being the prompt + max_new_tokens rounded up
+to 128, so attention reads only the part of the cache a batch can use. One slot past the
+longest (``scratch``) takes the writes of rows that hold no request, and of the warm-up
+passes when a graph is captured while other rows decode.
 """
 
 from __future__ import annotations
@@ -65,14 +69,15 @@ def batch_bucket(n: int, max_batch: int) -> int:
 class StaticDecoder:
     """Owns a copy of the model, the KV cache and the captured graphs.
 
-    The copy follows whichever model the server hands to ``start`` (its weights are
-    copied in when it changes), so graphs captured once stay valid across weight updates.
+    The copy follows whichever model the server hands to ``use`` (its weights are copied
+    in when it changes), so graphs captured once stay valid across weight updates.
     """
 
     def __init__(self, model, max_batch: int, max_len: int, graphs: bool):
         self.model = copy.deepcopy(model)
         self.source = weakref.ref(model)
         self.max_batch, self.max_len = max_batch, max_len
+        self.scratch = max_len  # the slot that rows holding no request write to
         self.graphs_enabled = graphs
         cfg = model.config
         self.layers = self.model.model.layers
@@ -81,13 +86,13 @@ class StaticDecoder:
         self.n_kv = cfg.num_key_value_heads
         self.n_groups = cfg.num_attention_heads // self.n_kv
         dev, dtype = next(self.model.parameters()).device, next(self.model.parameters()).dtype
-        shape = (len(self.layers), max_batch, self.n_kv, max_len, self.head_dim)
+        shape = (len(self.layers), max_batch, self.n_kv, max_len + 1, self.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dtype)
         self.v = torch.zeros(shape, device=dev, dtype=dtype)
-        self.valid = torch.zeros((max_batch, max_len), device=dev, dtype=torch.bool)
+        self.valid = torch.zeros((max_batch, max_len + 1), device=dev, dtype=torch.bool)
         self.tok = torch.zeros(max_batch, device=dev, dtype=torch.long)
         self.pos = torch.zeros(max_batch, device=dev, dtype=torch.long)
-        self.slot = torch.zeros(1, device=dev, dtype=torch.long)
+        self.slot = torch.full((max_batch,), self.scratch, device=dev, dtype=torch.long)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         logger.info("static decoder: KV cache for %d rows x %d slots, %.2f GiB, CUDA graphs %s",
                     max_batch, max_len, 2 * self.k.numel() * self.k.element_size() / 2**30,
@@ -96,48 +101,106 @@ class StaticDecoder:
     def fits(self, n_rows: int, total_len: int) -> bool:
         return n_rows <= self.max_batch and total_len <= self.max_len
 
-    def start(self, model, mask: torch.Tensor, max_new: int) -> "StaticBatch":
-        """Begin a batch (mask: B x L, 1 for prompt tokens) on `model`'s weights."""
+    def slots_for(self, total_len: int) -> int:
+        """T, the cache slots a batch whose rows need `total_len` slots attends over."""
+        return min(self.max_len, round_up(total_len, SLOT_ROUNDING))
+
+    def use(self, model) -> None:
+        """Decode with `model`'s weights from now on."""
         if self.source() is not model:
             self.model.load_state_dict(model.state_dict())
             self.source = weakref.ref(model)
+
+    def start(self, model, mask: torch.Tensor, max_new: int) -> "StaticBatch":
+        """Begin a batch whose rows all start together (mask: B x L, 1 for prompt tokens)."""
+        self.use(model)
         n_rows, n_prompt = mask.shape
         b = batch_bucket(n_rows, self.max_batch)
-        t = min(self.max_len, round_up(n_prompt + max_new, SLOT_ROUNDING))
-        graph = self._graph(b, t) if self.graphs_enabled else None  # before the prefill writes
-        self.valid[:b].zero_()
-        self.valid[:n_rows, :n_prompt] = mask.bool()
-        return StaticBatch(self, n_rows, n_prompt, b, t, graph)
+        t = self.slots_for(n_prompt + max_new)
+        self.free(torch.arange(n_rows, b, device=mask.device))  # the bucket's padding rows
+        return StaticBatch(self, mask, b, t)
 
-    # -- the forward pass ----------------------------------------------------------------
+    # -- the forward passes ----------------------------------------------------------------
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: int, t: int,
-                slots: torch.Tensor, attn_mask: torch.Tensor, keep_all: bool) -> torch.Tensor:
-        """Logits (float32) for `ids` (rows x q) written to cache `slots` (q,)."""
+    def prefill(self, rows: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                keep_all: bool) -> torch.Tensor:
+        """Write prompts (rows x L, left-padded; mask 1 for their tokens) into cache `rows`,
+        slots [0, L); their logits for the last slot (every slot with keep_all), float32.
+        Each row then decodes from slot L."""
+        n = ids.shape[1]
+        self.valid[rows] = False
+        self.valid[rows, :n] = mask.bool()
+        causal = torch.ones((n, n), dtype=torch.bool, device=ids.device).tril()
+        allowed = causal[None] & self.valid[rows, None, :n]
+        # A padding slot attends to itself, so no attention row is empty (an empty row
+        # gives NaN, which would reach the cache through the next layers).
+        allowed |= torch.eye(n, dtype=torch.bool, device=ids.device)
+        slots = torch.arange(n, device=ids.device)
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor):
+            self.k[i][rows[:, None], :, slots] = k.transpose(1, 2)
+            self.v[i][rows[:, None], :, slots] = v.transpose(1, 2)
+            return k, v
+
+        self.slot[rows] = n
+        return self._forward(ids, pos, allowed[:, None], store, keep_all)
+
+    def decode_step(self, b: int, t: int) -> torch.Tensor:
+        """Logits (b x vocab) for one token per row of [:b] from the fixed input tensors
+        `tok`, `pos` and `slot` (what a graph replays), each written at its row's slot."""
+        where = self.slot[:b].view(b, 1, 1, 1).expand(b, self.n_kv, 1, self.head_dim)
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor):
+            self.k[i, :b].scatter_(2, where, k)
+            self.v[i, :b].scatter_(2, where, v)
+            return self.k[i, :b, :, :t], self.v[i, :b, :, :t]
+
+        mask = self.valid[:b, None, None, :t]
+        return self._forward(self.tok[:b, None], self.pos[:b, None], mask, store, False)[:, 0]
+
+    def step(self, b: int, t: int) -> torch.Tensor:
+        """Decode one token for rows [:b] (inputs already in `tok` and `pos`), then move each
+        row's slot on; a graph replay when graphs are on."""
+        rows = torch.arange(b, device=self.slot.device)
+        self.valid[rows, self.slot[:b]] = True
+        if self.graphs_enabled:
+            graph, logits = self._graph(b, t)
+            graph.replay()
+        else:
+            logits = self.decode_step(b, t)
+        self.slot[:b].add_(1).clamp_(max=self.scratch)
+        return logits
+
+    def free(self, rows: torch.Tensor) -> None:
+        """Rows that hold no request: they attend to slot 0 only (so their logits stay
+        finite) and write to the scratch slot."""
+        self.valid[rows] = False
+        self.valid[rows, 0] = True
+        self.slot[rows] = self.scratch
+
+    def _forward(self, ids, pos, attn_mask, store, keep_all: bool) -> torch.Tensor:
         inner = self.model.model
         x = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(x, pos)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, rows, t, slots, attn_mask)
+            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, attn_mask, store)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = inner.norm(x if keep_all else x[:, -1:])
         return self.model.lm_head(x).float()
 
-    def _attention(self, i, layer, h, cos, sin, rows, t, slots, attn_mask):
+    def _attention(self, i, layer, h, cos, sin, attn_mask, store):
         attn = layer.self_attn
         n, q_len, _ = h.shape
         q = attn.q_proj(h).view(n, q_len, -1, self.head_dim).transpose(1, 2)
         k = attn.k_proj(h).view(n, q_len, -1, self.head_dim).transpose(1, 2)
         v = attn.v_proj(h).view(n, q_len, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k_cache, v_cache = self.k[i, :rows, :, :t], self.v[i, :rows, :, :t]
-        k_cache.index_copy_(2, slots, k)
-        v_cache.index_copy_(2, slots, v)
+        k, v = store(i, k, v)
         if q_len == 1:
             # Grouped-query attention without copying the cache: a kv head's query heads
             # become its "query positions", which all see the same keys.
             q = q.reshape(n, self.n_kv, self.n_groups, self.head_dim)
-            out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=attn_mask, scale=self.scale)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
         else:
             k = k.repeat_interleave(self.n_groups, dim=1)
             v = v.repeat_interleave(self.n_groups, dim=1)
@@ -145,16 +208,13 @@ class StaticDecoder:
             out = out.transpose(1, 2)
         return attn.o_proj(out.reshape(n, q_len, -1))
 
-    def decode_step(self, b: int, t: int) -> torch.Tensor:
-        """One token for rows [:b] from the fixed input tensors (what a graph replays)."""
-        mask = self.valid[:b, None, None, :t]
-        return self.forward(self.tok[:b, None], self.pos[:b, None], b, t, self.slot, mask, False)[:, 0]
-
     def _graph(self, b: int, t: int):
+        """The graph of `decode_step(b, t)`, captured at first use. Its warm-up and capture
+        passes write to the scratch slot, so rows decoding meanwhile keep their cache."""
         if (b, t) not in self.graphs:
             started = time.perf_counter()
-            self.slot.zero_()
-            self.valid[:b, :t] = True
+            slots = self.slot[:b].clone()
+            self.slot[:b] = self.scratch
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), torch.inference_mode():
@@ -165,6 +225,7 @@ class StaticDecoder:
             # thread_local: the server may load new weights in another thread meanwhile
             with torch.cuda.graph(graph, capture_error_mode="thread_local"), torch.inference_mode():
                 logits = self.decode_step(b, t)
+            self.slot[:b] = slots
             self.graphs[b, t] = (graph, logits)
             logger.info("captured a decode graph for %d rows x %d slots in %.2fs",
                         b, t, time.perf_counter() - started)
@@ -172,33 +233,20 @@ class StaticDecoder:
 
 
 class StaticBatch:
-    """One batch's forward passes: ``prefill`` once, then ``step`` per token."""
+    """One batch whose rows start together: ``prefill`` once, then ``step`` per token."""
 
-    def __init__(self, dec: StaticDecoder, rows: int, n_prompt: int, b: int, t: int, graph):
-        self.dec, self.rows, self.n_prompt, self.b, self.t, self.graph = dec, rows, n_prompt, b, t, graph
-        self.next_slot = n_prompt
+    def __init__(self, dec: StaticDecoder, mask: torch.Tensor, b: int, t: int):
+        self.dec, self.mask, self.b, self.t = dec, mask, b, t
+        self.rows = mask.shape[0]
 
     def prefill(self, ids: torch.Tensor, pos: torch.Tensor, keep_all: bool) -> torch.Tensor:
         """Logits for the last prompt slot (all slots with keep_all): rows x (1 | L) x vocab."""
-        dec, n = self.dec, self.n_prompt
-        causal = torch.ones((n, n), dtype=torch.bool, device=ids.device).tril()
-        allowed = causal[None] & dec.valid[: self.rows, None, :n]
-        # A padding slot attends to itself, so no attention row is empty (an empty row
-        # gives NaN, which would reach the cache through the next layers).
-        allowed |= torch.eye(n, dtype=torch.bool, device=ids.device)
-        slots = torch.arange(n, device=ids.device)
-        return dec.forward(ids, pos, self.rows, n, slots, allowed[:, None], keep_all)
+        rows = torch.arange(self.rows, device=ids.device)
+        return self.dec.prefill(rows, ids, self.mask, pos, keep_all)
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Logits (rows x vocab) after feeding one token per row at positions `pos`."""
-        dec, slot = self.dec, self.next_slot
-        self.next_slot += 1
+        dec = self.dec
         dec.tok[: self.rows] = tok
         dec.pos[: self.rows] = pos
-        dec.slot.fill_(slot)
-        dec.valid[: self.b, slot] = True
-        if self.graph is None:
-            return dec.decode_step(self.b, self.t)[: self.rows]
-        graph, logits = self.graph
-        graph.replay()
-        return logits[: self.rows]
+        return dec.step(self.b, self.t)[: self.rows]
