@@ -8,6 +8,7 @@ decoder's static batches, which tests/test_static_decode.py and tests/test_dev_s
 check against `model.generate`.
 """
 
+import json
 import threading
 import time
 from collections import deque
@@ -213,3 +214,17 @@ def test_the_server_answers_short_requests_while_a_long_one_runs(tiny_model_dir,
         assert box["r"]["meta_info"]["finish_reason"]["type"] == "abort"
         assert 0 < len(box["r"]["output_ids"]) < 200
         assert client.http_request(server.addr, "/continue_generation", {})[0] == 200
+
+
+def test_the_batching_bench_serves_one_workload_both_ways(tiny_model_dir, tmp_path, capsys):
+    from experiments.bench import batching
+
+    out = tmp_path / "rows.json"
+    batching.main(["--model", str(tiny_model_dir), "--groups", "3", "--group-size", "2", "--gap-ms", "30",
+                   "--max-new", "12", "--max-batch", "8", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batching"] for r in rows] == ["static", "continuous"]
+    for r in rows:
+        assert r["requests"] == 6 and 6 <= r["output_tokens"] <= 6 * 12 and r["batches"] >= 1
+        assert 0 < r["group_wait_mean_s"] <= r["seconds"]
+    assert capsys.readouterr().out.count("| static | 6 |") == 1

@@ -1,5 +1,6 @@
 """experiments/bench/pause_windows: the pause of each weight push, the server's idle after it, and the tokens generated, read from a dev
-server log in the format its scheduler and handlers write (a run's rollout.log may prefix them),
+server log in the format its scheduler and handlers write (static and continuous batches; a run's
+rollout.log may prefix them),
 and the completion posts that timed out, from the rollout worker's lines in the same log."""
 
 import pytest
@@ -13,7 +14,7 @@ LOG = """\
 2026-12-01 20:50:09,900 dev_server[7] INFO batch n=2 prompt_max=9 new_tokens=10 steps=5 0.05s 200 tok/s finish=abort:2 v=0 queued=0
 2026-12-01 20:50:10,413 dev_server[7] INFO loaded weights from /w/v1 in 0.62s (weight_version=1, 0 running requests affected, fingerprint=-1.0)
 [rollout] 2026-12-01 20:50:10,564 dev_server[7] INFO generation continued (0 queued)
-2026-12-01 20:50:11,064 dev_server[7] INFO batch n=2 prompt_max=9 new_tokens=20 steps=10 0.20s 100 tok/s finish=stop:2 v=1 queued=0
+2026-12-01 20:50:11,064 dev_server[7] INFO batch n=2 rows_max=2 prompt_max=9 new_tokens=20 steps=10 0.20s 100 tok/s finish=stop:2 v=1 queued=0
 2026-12-01 20:50:20,000 dev_server[7] INFO generation continued (0 queued)
 2026-12-01 20:50:44,660 dev_server[7] INFO generation paused (mode=abort, 0 running requests aborted, 0 queued held)
 2026-12-01 20:51:46,235 dev_server[7] INFO generation continued (0 queued)
