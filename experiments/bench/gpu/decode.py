@@ -13,22 +13,27 @@ the same size (it captures the CUDA graph). Reported: milliseconds per decode st
 (batch time / new tokens, prefill included) and tokens per second.
 
 Agreement: --check held-out puzzles decoded greedily (256 new tokens, stopping at EOS) by
-both decoders: how many completions are identical, the largest log-prob difference
-on identical ones, and the success rate (reward_score.py) of each, which must agree
-for the fast decoder to stand in for the slow one in evaluations and rollouts.
+both decoders, and by the static decoder with continuous batching (a quarter of the puzzles
+start the batch, the others join it 16 a decode step, into the rows others leave): how many
+completions are identical to transformers', the largest log-prob difference on identical
+ones, and the success rate (reward_score.py) of each, which must agree for the fast decoder
+to stand in for the slow one in evaluations and rollouts.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
 
 import countdown
+from devkit.dev_server.continuous import ContinuousBatch
 from devkit.dev_server.engine import Engine
 from devkit.dev_server.protocol import GenRequest, SamplingParams
 from reward_score import SOLVED_SCORE, compute_score
@@ -57,20 +62,44 @@ def speed(engine: Engine, prompts: list[list[int]], batches: list[int], new_toke
     return seconds
 
 
+def run_continuous(engine: Engine, prompts: list[list[int]], params: SamplingParams, joining: int = 16) -> list[dict]:
+    """The prompts through one continuous batch: a quarter start it, the rest join `joining`
+    a decode step."""
+    reqs = requests(prompts, params)
+    start = max(1, len(reqs) // 4)
+    arriving, waiting, answers = iter(reqs[start:]), deque(), {}
+
+    def take(room: int, fits) -> list[GenRequest]:
+        waiting.extend(itertools.islice(arriving, joining))
+        taken = []
+        while waiting and len(taken) < room and fits(waiting[0]):
+            taken.append(waiting.popleft())
+        return taken
+
+    def answer(req: GenRequest, res: dict) -> None:
+        answers[req.rid] = res
+
+    ContinuousBatch(engine, engine.model, take, answer, should_abort=lambda: False).run(reqs[:start])
+    return [answers[r.rid] for r in reqs]
+
+
 def agreement(engines: dict[str, Engine], tokenizer, rows: list[dict]) -> dict:
     params = SamplingParams(max_new_tokens=256, temperature=0.0)
     prompts = [countdown.prompt_token_ids(tokenizer, r["messages"]) for r in rows]
     outs = {name: run_batch(e, prompts, params)[0] for name, e in engines.items()}
-    hf, static = outs["hf"], outs["static"]
-    same = [a["output_ids"] == b["output_ids"] for a, b in zip(hf, static)]
-    diffs = [abs(x - y) for a, b, s in zip(hf, static, same) if s for x, y in zip(a["logprobs"], b["logprobs"])]
-    success = {
+    outs["continuous"] = run_continuous(engines["static"], prompts, params)
+    result = {"puzzles": len(rows)}
+    for name in ("static", "continuous"):
+        same = [a["output_ids"] == b["output_ids"] for a, b in zip(outs["hf"], outs[name])]
+        diffs = [abs(x - y) for a, b, s in zip(outs["hf"], outs[name], same) if s
+                 for x, y in zip(a["logprobs"], b["logprobs"])]
+        result[name] = {"identical": sum(same), "max_abs_logprob_diff": max(diffs, default=0.0)}
+    result["success"] = {
         name: sum(compute_score(tokenizer.decode(o["output_ids"], skip_special_tokens=True), r) == SOLVED_SCORE
                   for o, r in zip(out, rows)) / len(rows)
         for name, out in outs.items()
     }  # fmt: skip
-    return {"puzzles": len(rows), "identical": sum(same), "max_abs_logprob_diff": max(diffs, default=0.0),
-            "success": success}  # fmt: skip
+    return result
 
 
 def main() -> None:
@@ -105,9 +134,10 @@ def main() -> None:
               f"{n * args.new_tokens / st:,.0f} | {hf / st:.1f}x |")
     if args.check:
         results["agreement"] = check = agreement(engines, tokenizer, rows[: args.check])
-        print(f"\ngreedy, {check['puzzles']} puzzles: {check['identical']} identical completions, "
-              f"max |logprob diff| on those {check['max_abs_logprob_diff']:.4f}; "
-              f"success hf {check['success']['hf']:.1%}, static {check['success']['static']:.1%}")
+        for name in ("static", "continuous"):
+            print(f"greedy, {check['puzzles']} puzzles, {name} against hf: {check[name]['identical']} identical "
+                  f"completions, max |logprob diff| on those {check[name]['max_abs_logprob_diff']:.4f}")
+        print("success: " + ", ".join(f"{name} {rate:.1%}" for name, rate in check["success"].items()))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
