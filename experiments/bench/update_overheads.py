@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import statistics
 import sys
@@ -122,10 +123,12 @@ def wrap(owner, attr: str, name: str) -> None:
     """`owner.attr` runs inside phase `name`."""
     fn = getattr(owner, attr)
 
+    @functools.wraps(fn)  # a fix installed later still sees the signature it replaces
     def phased(*args, **kwargs):
         with PHASES.phase(name):
             return fn(*args, **kwargs)
 
+    phased.phased = True
     setattr(owner, attr, phased)
 
 
@@ -389,8 +392,7 @@ def install_fix(fix: str) -> None:
     from areal.trainer.ppo import actor as actor_module
 
     importlib.import_module(f"areal_patches.{fix}").install()
-    staleness = actor_module._log_version_staleness_stats
-    if not getattr(staleness, "__name__", "") == "phased":
+    if not getattr(actor_module._log_version_staleness_stats, "phased", False):
         wrap(actor_module, "_log_version_staleness_stats", "loss: staleness statistics")
 
 
