@@ -151,3 +151,29 @@ def test_install_replaces_both_once_and_keeps_areals_functions():
     assert staleness is fewer_syncs.log_version_staleness_stats
     assert actor._areal_log_version_staleness_stats.__name__ == "_log_version_staleness_stats"
     assert call.normalises_groups_at_once and call.__wrapped__.__qualname__ == "Normalization.__call__"
+
+
+def side_by_side(stdout: str) -> dict[str, list[int]]:
+    """experiments/bench/update_overheads' last table: phase -> ops and syncs, upstream then fixed."""
+    rows = [line.strip("| ").split(" | ") for line in stdout.splitlines() if line.count("|") == 8]
+    return {r[0]: [int(v) for v in r[1:5]] for r in rows if len(r) == 7 and r[1].isdigit()}
+
+
+def test_the_bench_counts_the_syncs_the_fix_removes_and_no_others():
+    """The counting bench on 16 sequences (2 groups, 2 minibatches): group normalisation's two
+    reads per group and the staleness statistics' ten per minibatch go; nothing else moves."""
+    import subprocess
+    import sys
+
+    from devkit import ROOT
+
+    run = subprocess.run([sys.executable, "-m", "experiments.bench.update_overheads", "--seqs", "16", "--steps", "0",
+                          "--ab", "fewer_syncs"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = side_by_side(run.stdout)
+    assert table["compute_advantages"][2:] == [3 + 2 * 2, 3]
+    assert table["loss: staleness statistics"][2:] == [2 * 10, 2 * 1]
+    unchanged = {name: counts for name, counts in table.items()
+                 if name not in ("compute_advantages", "loss: staleness statistics")}
+    assert unchanged and all(ops == ops_fixed and syncs == syncs_fixed
+                             for ops, ops_fixed, syncs, syncs_fixed in unchanged.values())
