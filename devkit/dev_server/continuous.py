@@ -185,7 +185,7 @@ class ContinuousBatch:
             row = self.rows[row_ids[i]]
             row.text_ids.append(t)
             found = self.engine.match_stop_str(row.req, row.text_ids)
-            if found is not None and row_ids[i] not in done:
+            if found is not None:
                 done[row_ids[i]] = found
 
     def _finish(self, done: dict[int, str | None], aborted: bool = False) -> None:
