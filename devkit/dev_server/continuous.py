@@ -49,12 +49,16 @@ class RunSummary:
     finish: dict[str, int] | None = None
 
 
+def slots_needed(reqs: list[GenRequest]) -> int:
+    """Cache slots a row needs when `reqs` are prefilled together: the longest prompt (all are
+    left-padded to it) and the largest token budget."""
+    return max(len(r.input_ids) for r in reqs) + max(r.params.max_new_tokens for r in reqs)
+
+
 def can_serve(engine, reqs: list[GenRequest]) -> bool:
     """Whether a run can start with `reqs` (the engine decodes with the static decoder and
     they fit its cache)."""
-    dec = engine.static
-    longest = max(len(r.input_ids) for r in reqs) + max(r.params.max_new_tokens for r in reqs)
-    return dec is not None and dec.fits(len(reqs), longest)
+    return engine.static is not None and engine.static.fits(len(reqs), slots_needed(reqs))
 
 
 class ContinuousBatch:
@@ -82,8 +86,7 @@ class ContinuousBatch:
     def run(self, first: list[GenRequest]) -> RunSummary:
         params = first[0].params
         self.params, self.key = params, params.batch_key
-        longest = max(len(r.input_ids) for r in first) + max(r.params.max_new_tokens for r in first)
-        self.t = self.dec.slots_for(longest)
+        self.t = self.dec.slots_for(slots_needed(first))
         dev = self.engine.device
         self.out_tok = torch.zeros((self.dec.max_batch, self.t), dtype=torch.long, device=dev)
         self.out_lp = torch.zeros((self.dec.max_batch, self.t), dtype=torch.float32, device=dev)
@@ -152,7 +155,6 @@ class ContinuousBatch:
         """One decode step for every row in the cache."""
         b = batch_bucket(max(self.rows) + 1, self.dec.max_batch)
         logits = self.dec.step(b, self.t)
-        self.dec.pos[:b] += 1
         self.summary.steps += 1
         self._take_tokens(self.active, self.active_rows, logits[self.active])
         if self.engine.step_delay_s:

@@ -160,15 +160,15 @@ class StaticDecoder:
 
     def step(self, b: int, t: int) -> torch.Tensor:
         """Decode one token for rows [:b] (inputs already in `tok` and `pos`), then move each
-        row's slot on; a graph replay when graphs are on."""
-        rows = torch.arange(b, device=self.slot.device)
-        self.valid[rows, self.slot[:b]] = True
+        row's slot and position on; a graph replay when graphs are on."""
+        self.valid[:b].scatter_(1, self.slot[:b, None], True)
         if self.graphs_enabled:
             graph, logits = self._graph(b, t)
             graph.replay()
         else:
             logits = self.decode_step(b, t)
         self.slot[:b].add_(1).clamp_(max=self.scratch)
+        self.pos[:b] += 1
         return logits
 
     def free(self, rows: torch.Tensor) -> None:
