@@ -51,6 +51,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from devkit import ROOT
+
 GROUP = 8
 PROMPT_LEN = 130
 COMPLETION_LENS = (60, 140)  # uniform, inclusive: ~100 tokens, as the 25M model's completions
@@ -136,7 +138,7 @@ def call_site() -> str:
     """The innermost frame of AReaL, the project's fixes or transformers that led here."""
     for frame in reversed(traceback.extract_stack()[:-2]):
         if any(part in frame.filename for part in PROJECT_CODE):
-            path = frame.filename.split("site-packages/")[-1].split("wt-update/")[-1]
+            path = frame.filename.split("site-packages/")[-1].removeprefix(f"{ROOT}/")
             return f"{path}:{frame.lineno} {frame.name}"
     return "?"
 
@@ -242,28 +244,12 @@ def single_rank_environment() -> None:
 
 
 def build_actor(shape: str, setting: str, n_seqs: int, skip: str | None = None):
-    from areal.api import FinetuneSpec
-    from areal.api.alloc_mode import ModelAllocation
-    from areal.api.cli_args import load_expr_config
-    from areal.engine import FSDPPPOActor
-
-    import areal_patches
-    from devkit import ROOT
+    """experiments/bench/gpu/train_step.py's actor on CPU, with `setting`'s overrides."""
     from experiments.bench.gpu import train_step
-    from train import CountDownConfig
 
-    areal_patches.apply(skip={"weight_push", *([skip] if skip else [])})
     train_step.DEVICE = "cpu"
-    config, _ = load_expr_config(
-        ["--config", str(ROOT / "train_config.yaml"), f"actor.path={train_step.ensure_model(shape)}",
-         "actor.backend=fsdp:d1", "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr",
-         "actor.layers_not_checkpointed=0", "actor.dtype=float32", "actor.optimizer.lr=1e-5", *SETTINGS[setting]],
-        CountDownConfig,
-    )  # fmt: skip
-    actor = FSDPPPOActor(config.actor)
-    actor.create_process_group(parallel_strategy=ModelAllocation.from_str("fsdp:d1").parallel)
-    actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=n_seqs, train_batch_size=n_seqs))
-    return actor
+    return train_step.build_actor(shape, n_seqs, overrides=["actor.optimizer.lr=1e-5", *SETTINGS[setting]],
+                                  skip={skip} if skip else frozenset())
 
 
 def make_batch(n_seqs: int, vocab: int, version: int, seed: int = 0) -> list[dict]:

@@ -326,7 +326,9 @@ def failure(e: Exception) -> str:
 # --- AReaL ----------------------------------------------------------------------------------
 
 
-def build_actor(shape: str, n_seqs: int):
+def build_actor(shape: str, n_seqs: int, overrides: list[str] = (), skip: set[str] = frozenset()):
+    """train.py's FSDPPPOActor for `shape` (train_config.yaml, then `overrides`), with the AReaL
+    fixes but those in `skip`."""
     from areal.api import FinetuneSpec
     from areal.api.alloc_mode import ModelAllocation
     from areal.api.cli_args import load_expr_config
@@ -334,13 +336,14 @@ def build_actor(shape: str, n_seqs: int):
     import areal_patches
     from train import CountDownConfig
 
-    areal_patches.apply(skip={"weight_push"})  # as train.py's main() does, less the rollout client's fix
+    areal_patches.apply(skip={"weight_push", *skip})  # as train.py's main() does, less the rollout client's fix
     backend = f"fsdp:d{world_size()}"
     config, _ = load_expr_config(
         ["--config", str(ROOT / "train_config.yaml"), f"actor.path={ensure_model(shape)}", f"actor.backend={backend}",
          "cluster.fileroot=/tmp/bench", "cluster.name_resolve.nfs_record_root=/tmp/bench/nr",
          "actor.layers_not_checkpointed=0"]  # each row sets its own (configure)
-        + (["actor.dtype=float32"] if DEVICE == "cpu" else []),  # bf16 matmuls crawl on CPU
+        + (["actor.dtype=float32"] if DEVICE == "cpu" else [])  # bf16 matmuls crawl on CPU
+        + list(overrides),
         CountDownConfig,
     )  # fmt: skip
     actor = FSDPPPOActor(config.actor)
