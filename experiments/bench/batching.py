@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="run the modes in turn this many times")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: not a Hugging Face model folder (no config.json); "
+                     "make one with python3 -m devkit.make_tiny_model --preset tiny --out DIR")
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     groups = workload(args.model, args.groups, args.group_size, args.max_new, args.seed)
     rows = []
