@@ -17,7 +17,9 @@ the run logged more than one number count.
 pass@1 against seconds of training since the first rollout, one line per row (its points,
 then its final evaluation), with the row's steps per minute in the legend. When the reference
 row (`--reference`, C by default: TRL's) is among them, it also prints how soon each row
-reaches the reference's final pass@1.
+reaches the reference's final pass@1. Then it prints where each row's step goes: the mean
+seconds of each timed part (AReaL's `timeperf/*`; TRL's generation, update and evaluation),
+and for this example's rows what the dev server's log says of each weight push.
 """
 
 from __future__ import annotations
@@ -294,6 +296,37 @@ def speedup_table(rows: list[dict], references: list[dict]) -> str:
     return "\n".join(lines)
 
 
+STEP_PARTS = (  # (column, the part's key in a row's seconds_per_step: AReaL's timeperf section or TRL's)
+    ("rollouts: waited for (AReaL) / generated (TRL)", ("rollout",)),
+    ("advantages", ("compute_advantage",)),
+    ("train step (AReaL) / update (TRL)", ("train_step", "update")),
+    ("weight push", ("update_weights",)),
+    ("evaluation", ("eval",)),
+)
+
+
+def step_table(rows: list[dict]) -> str:
+    """Mean seconds a step and its parts, one line per row; "other" is the step less every timed
+    part. For rows with a dev server (A, B, D): its median pause per push, the inference
+    client's median wait for each load (inside the push), and the share of the run it was busy."""
+    seconds = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
+    lines = ["where a step's time goes (seconds a step, mean):",
+             f"| row | step | {' | '.join(name for name, _ in STEP_PARTS)} | other "
+             "| server paused a push | of the push, the load | server busy |",
+             "|---|" + "---|" * (len(STEP_PARTS) + 5)]  # fmt: skip
+    for row in rows:
+        split = row.get("seconds_per_step", {})
+        parts = [next((split[key] for key in keys if key in split), None) for _, keys in STEP_PARTS]
+        other = split["step"] - sum(v for k, v in split.items() if k != "step") if "step" in split else None
+        server = row.get("server") or {}
+        busy = server.get("busy_share")
+        lines.append(f"| {row_name(row)} | {seconds(split.get('step'))} | {' | '.join(map(seconds, parts))} "
+                     f"| {seconds(other)} | {seconds(server.get('paused_per_push_median_s'))} "
+                     f"| {seconds(server.get('client_load_wait_median_s'))} "
+                     f"| {'-' if busy is None else f'{busy:.0%}'} |")
+    return "\n".join(lines)
+
+
 def compare_figure(rows: list[dict]) -> Figure:
     """Held-out pass@1 against seconds since the first rollout, one line per row. The y axis
     spans the rows' values (within 0..1), so that gaps of a few points stay visible."""
@@ -348,6 +381,7 @@ def compare(row_files: list[Path], out: Path | None, reference: str = "C") -> in
     references = [row for row in rows if row["row"] == reference]
     if references:
         print(speedup_table(rows, references))
+    print(step_table(rows))
     return 0
 
 

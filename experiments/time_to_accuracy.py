@@ -29,7 +29,9 @@ TensorBoard scalars (their wall time less the step's timed sections, timeperf/*)
 trainer's start-up (imports, model, data) is not on the clock.
 
 Writes OUT/row_<X>.json: the row, its settings (every knob: learning_run's, and AReaL's
-resolved config or TRL's GRPOConfig), device, date, steps, seconds per step and its parts,
+resolved config or TRL's GRPOConfig), device, date, steps, seconds per step and its parts
+(for A, B and D also the dev server's pauses, loads, busy share and batches, from its log:
+experiments/bench/pause_windows.py),
 the (seconds, pass@1) points and the final pass@1 overall and by number count; for A, B and
 D also the run's logs in OUT/row_<X>/. With --set seed=N other than train_config.yaml's, the
 names are row_<X>_seed<N>.json and row_<X>_seed<N>/. `python3 plot.py --compare
@@ -56,6 +58,7 @@ import plot
 from devkit import ROOT
 from devkit.launch import preflight
 from experiments import learning_run
+from experiments.bench import pause_windows
 
 POLL_S = 2.0  # how often Deadline looks for the first step's scalars
 STARTUP_ALLOWANCE_S = 90  # A, B, D: the trainer's own limit is --seconds + this, should Deadline see no step
@@ -164,6 +167,7 @@ def areal_row(lr_args: argparse.Namespace, seconds: float) -> dict:
         "training_seconds": round(end - start, 1),
         "seconds_per_step": areal_step_split(run),
         "eval_seconds_on_clock": round(sum(run.scalars.get("timeperf/eval", {}).values()), 1),
+        "server": pause_windows.summary(pause_windows.read_server_log(pause_windows.run_logs(lr_args.work / "server.log"))),
         "points": [{"seconds": 0.0, "step": 0, "pass@1": results["pass@1_before"]["all"]}, *areal_points(run, start)],
         "pass@1_before": results["pass@1_before"],
         "final": {"seconds": round(end - start, 1), "step": steps, "pass@1": results["pass@1_after"]},

@@ -19,6 +19,7 @@ LOG = """\
 2026-12-01 20:50:44,660 dev_server[7] INFO generation paused (mode=abort, 0 running requests aborted, 0 queued held)
 2026-12-01 20:51:46,235 dev_server[7] INFO generation continued (0 queued)
 a line from another process
+(AReaL) 20261201-20:50:10.600 [RemoteInfEngine Rank 0] INFO: Loading weights from disk done in 0.70s. Respond time: 0.09s.
 [rollout] (AReaL) 20261201-20:51:14.661 [BatchTaskDispatcher] ERROR: Callback to http://10.0.0.1:5/callback/rollout_complete failed: HTTPConnectionPool(host='10.0.0.1', port=5): Read timed out. (read timeout=30.0)
 (AReaL) 20261201-20:51:50.000 [BatchTaskDispatcher] ERROR: Callback to http://10.0.0.1:5/callback/rollout_complete failed: ('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))
 """
@@ -26,7 +27,10 @@ a line from another process
 
 def test_each_pause_is_measured_to_its_continue_and_generation_is_counted():
     log = read_server_log(LOG)
-    assert log.pauses == pytest.approx([0.779, 61.575])  # a continue with no pause before it counts nothing
+    assert log.pauses == pytest.approx([0.779, 61.575])
+    assert log.loads == pytest.approx([0.62])
+    assert log.batch_rows == [4, 2, 2]  # a continuous batch counts the most rows it held
+    assert (log.load_waits, log.record_waits) == ([0.7], [0.09])  # AReaL's client's line  # a continue with no pause before it counts nothing
     assert log.idle_after == pytest.approx([0.3])  # continued at 10.564, the next batch ran 10.864-11.064
     assert log.busy_seconds == pytest.approx(0.55)
     assert (log.output_tokens, log.aborted) == (130, 2)
@@ -38,8 +42,19 @@ def test_the_table_has_a_row_per_log_and_a_missing_file_is_refused(tmp_path, cap
     (tmp_path / "server.log").write_text(LOG)
     main([f"fix={tmp_path / 'server.log'}"])
     row = capsys.readouterr().out.splitlines()[-1]
-    assert row == "| fix | 2 | 31.177 | 61.575 | 62.4 | 0.300 | 1% | 106 | 130 | 1 | 2 | 1 |"
+    assert row == "| fix | 2 | 31.177 | 61.575 | 62.4 | 0.620 | 0.700 | 0.090 | 0.300 | 1% | 106 | 130 | 1 | 3 | 2 | 2 | 1 |"
     with pytest.raises(SystemExit) as refused:
         main([f"fix={tmp_path / 'missing.log'}"])
     assert refused.value.code == 2
     assert "missing.log" in capsys.readouterr().err
+
+
+def test_the_trainer_log_beside_a_server_log_gives_the_clients_waits(tmp_path, capsys):
+    client_line = next(line for line in LOG.splitlines() if "Loading weights from disk done" in line)
+    (tmp_path / "server.log").write_text(LOG.replace(client_line + "\n", ""))
+    main([f"alone={tmp_path / 'server.log'}"])
+    (tmp_path / "train.log").write_text(f"(AReaL) a trainer line\n{client_line}\n")
+    main([f"beside={tmp_path / 'server.log'}"])
+    alone, beside = (line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith(("| alone", "| beside")))
+    assert alone[6:8] == ["0.000", "0.000"] and beside[6:8] == ["0.700", "0.090"]
+    assert alone[1:6] == beside[1:6] and alone[8:] == beside[8:]

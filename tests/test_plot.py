@@ -277,6 +277,27 @@ def test_with_several_runs_of_c_the_bar_is_their_mean(tmp_path, capsys):
     assert "| C (seed 1) | 8.0 | 42.0% | never | - |" in out
 
 
+def test_compare_prints_where_each_rows_step_goes(tmp_path, capsys):
+    paths = [row_file(tmp_path, "D", [(0.0, 0.3)], (400.0, 0.4), 9.8), row_file(tmp_path, "C", [(0.0, 0.3)], (400.0, 0.35), 6.8),
+             row_file(tmp_path, "A", [(0.0, 0.3)], (400.0, 0.3), 5.0)]  # fmt: skip
+    extra = {"D": {"seconds_per_step": {"step": 6.0, "rollout": 2.8, "compute_advantage": 0.2, "train_step": 1.5,
+                                        "update_weights": 1.0, "eval": 0.4, "save": 0.05},
+                   "server": {"paused_per_push_median_s": 0.31, "client_load_wait_median_s": 0.12, "busy_share": 0.64}},
+             "C": {"seconds_per_step": {"step": 8.6, "rollout": 6.8, "update": 0.9, "eval": 0.9}},
+             "A": {}}  # a row written before rows carried their parts  # fmt: skip
+    for path in paths:
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, **extra[record["row"]]}))
+    assert plot.main(["--compare", *map(str, paths), "--out", str(tmp_path / "tta.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index("where a step's time goes (seconds a step, mean):") + 1:]
+    assert table[0].startswith("| row | step | rollouts") and table[0].count("|") == table[1].count("|")
+    # D: "other" is the step less every timed part, the save included
+    assert table[2] == "| D | 6.00 | 2.80 | 0.20 | 1.50 | 1.00 | 0.40 | 0.05 | 0.31 | 0.12 | 64% |"
+    assert table[3] == "| C | 8.60 | 6.80 | - | 0.90 | - | 0.90 | 0.00 | - | - | - |"
+    assert table[4] == "| A | - | - | - | - | - | - | - | - | - | - |"
+
+
 def test_one_number_count_draws_no_panel_that_repeats_the_success_panel(tmp_path, monkeypatch):
     """The CPU demo's puzzles all have two numbers: success_2nums is success again."""
     tb_dir = tmp_path / "logs"

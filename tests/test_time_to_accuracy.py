@@ -86,6 +86,10 @@ def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_d
     assert areal["eval_gconfig"]["greedy"] and areal["eval_gconfig"]["max_new_tokens"] == 24
     assert areal["rollout"]["max_head_offpolicyness"] == 2  # asynchronous, as shipped
     assert record["settings"]["learning_run"]["decoder"] == "hf"
+    server = record["server"]  # from the run's server.log and train.log
+    assert record["steps"] - 1 <= server["pushes"] <= record["steps"]  # a pause and a load per push
+    assert server["load_median_s"] > 0 and server["client_load_wait_median_s"] >= server["load_median_s"]
+    assert server["output_tokens"] > 0 and 0 < server["busy_share"] <= 1 and server["batches"] >= 1
     for name in ("train.log", "server.log", "eval_after.md"):
         assert (tmp_path / "out" / "row_A_seed9137" / name).stat().st_size > 0
 
