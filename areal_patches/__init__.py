@@ -26,7 +26,7 @@ Speed-ups: the same results, sooner.
 
 | module | upstream behaviour | effect | off |
 |---|---|---|---|
-| `weight_push` | the rollout client polls for new weights once a second during a disk push | the push stops idling a second per step | `apply(skip={"weight_push"})` |
+| `weight_push` | the rollout client polls for new weights once a second, plus a random 0-100 ms, during a disk push | the push stops idling a second per step; the record is seen within 20 ms | `apply(skip={"weight_push"})` |
 | `pause_at_load` | a disk push pauses generation before the trainer saves the new weights, so the servers sit idle through the save | the servers pause only for the load; they go on with their rollouts while the folder is written | `apply(skip={"pause_at_load"})` |
 | `fast_save` | each push (and Hugging Face save) gathers the weights into pageable host memory in float32 and casts them on the CPU | cast on the GPU, one copy into reused pinned memory; the same files | `apply(skip={"fast_save"})` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `apply(skip={"fast_step"})`; `TORCHDYNAMO_DISABLE=1` for compilation only |
