@@ -1,22 +1,30 @@
-"""Resend the rollouts a weight push interrupted within 20 ms of the resume, not on a half-second poll.
+"""Resend the rollouts a weight push interrupted as soon as the servers hold the new weights,
+not when the trainer resumes its dispatcher, and look every 20 ms, not every half second.
 
 Upstream behaviour (areal 1.0.4): a disk weight push pauses the servers, which abort the
 requests they are running; `RemoteInfEngine.agenerate` resends each one (its tokens so far
 appended to the prompt) once the rollout dispatcher is resumed, which it learns by polling
-`workflow_executor.is_paused()` with `asyncio.sleep(0.5)`. The trainer resumes the dispatcher
-at the end of its step, so every interrupted rollout waits a further 0-0.5 s after that while
-the servers may have nothing else to do (docs/results/time-to-accuracy.md, "Where a step's
-time goes": the server idle after each load).
+`workflow_executor.is_paused()` with `asyncio.sleep(0.5)`. The trainer paused the dispatcher
+before the push (to start no new rollouts) and resumes it at the end of its step, after the
+save, the evaluation and the statistics, so every interrupted rollout waits for all of that,
+and then 0-0.5 s more, while the servers may have nothing else to do
+(docs/results/time-to-accuracy.md, "Where a step's time goes": the server idle after each load).
 
-Effect: that poll, the only sleep in `areal/infra/remote_inf_engine.py`, waits at most
-20 ms, as `weight_push`'s does. The module sees `asyncio` through a stand-in whose `sleep` is
-capped; everything else is asyncio's own. Applied only where that module's source still holds
-the one poll, word for word; otherwise it logs one line and changes nothing.
+Effect: an interrupted rollout is resent once the push is over: the servers have loaded the
+new weights and continued, and the client holds the new version (the trainer's `set_version`
+right after the push), so its new tokens are tagged with the version that made them. No new
+rollout starts before the trainer resumes the dispatcher, as upstream. Until then it is
+`WorkflowExecutor.is_paused()`, whose one caller is that wait, that answers "not paused" for
+resends; a pause of the dispatcher or of the servers holds them again. The wait's poll, the
+only sleep in `areal/infra/remote_inf_engine.py`, sleeps at most 20 ms, as `weight_push`'s
+does: the module sees `asyncio` through a stand-in whose `sleep` is capped. Applied only where
+that module's source still holds the one poll, word for word, as the wait's one check;
+otherwise it logs one line and changes nothing.
 
 Off: `areal_patches.apply(skip={"resume_poll"})`.
 
-Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) (the 0.5 s poll is still in
-`agenerate`); not reported.
+Upstream: unchanged on AReaL's main as of cbff54d (2026-08-22) (the 0.5 s poll on the
+dispatcher's pause is still in `agenerate`); not reported.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ import asyncio
 import inspect
 
 from areal_patches import logger  # the package's: AReaL replaces the logging root when it makes a logger
+from areal_patches.patching import wrap_once
 from areal_patches.weight_push import POLL_SECONDS
 
 UPSTREAM_POLL = "while self.workflow_executor.is_paused():\n                await asyncio.sleep(0.5)"
+RELEASED = "_resume_poll_resends_released"  # on a RemoteInfEngine: the push is over, resend
 
 
 class CappedSleep:
@@ -44,12 +54,41 @@ class CappedSleep:
 
 
 def holds_only_the_poll(source: str) -> bool:
-    """Whether the module's one sleep is agenerate's pause poll."""
-    return source.count("asyncio.sleep(") == 1 and UPSTREAM_POLL in source
+    """Whether the module's one sleep is agenerate's pause poll, and that poll its one check of
+    the dispatcher's pause."""
+    return source.count("asyncio.sleep(") == 1 and source.count("is_paused()") == 1 and UPSTREAM_POLL in source
+
+
+def hold_resends(original):
+    """A pause of the dispatcher or of the servers: interrupted rollouts wait again."""
+
+    def method(self, *args, **kwargs):
+        setattr(self, RELEASED, False)
+        return original(self, *args, **kwargs)
+
+    return method
+
+
+def release_resends(original):
+    """The client's new version, set after a push: its interrupted rollouts may go."""
+
+    def set_version(self, version):
+        original(self, version)
+        setattr(self, RELEASED, True)
+
+    return set_version
+
+
+def paused_unless_released(original):
+    def is_paused(self) -> bool:
+        return original(self) and not getattr(self.inference_engine, RELEASED, False)
+
+    return is_paused
 
 
 def install(cap: float = POLL_SECONDS) -> None:
     from areal.infra import remote_inf_engine
+    from areal.infra.workflow_executor import WorkflowExecutor
 
     if isinstance(remote_inf_engine.asyncio, CappedSleep):
         return
@@ -57,4 +96,9 @@ def install(cap: float = POLL_SECONDS) -> None:
         logger.warning("resume_poll: areal/infra/remote_inf_engine.py no longer holds the 0.5 s pause poll "
                        "alone; not applied (check its upstream status in docs/areal-bugs.md)")
         return
+    engine = remote_inf_engine.RemoteInfEngine
+    for name in ("pause", "pause_generation"):
+        wrap_once(engine, name, hold_resends, "holds_resends")
+    wrap_once(engine, "set_version", release_resends, "releases_resends")
+    wrap_once(WorkflowExecutor, "is_paused", paused_unless_released, "pauses_unless_released")
     remote_inf_engine.asyncio = CappedSleep(cap)

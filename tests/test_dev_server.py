@@ -358,26 +358,93 @@ def resend_after_resume(server, prompt) -> list[float]:
     return asked
 
 
-def test_areal_resends_an_aborted_rollout_on_a_half_second_poll(server, prompts, monkeypatch):
-    """The premise of areal_patches/resume_poll (if AReaL changes, drop the module)."""
+@pytest.fixture
+def upstream_resends(monkeypatch):
+    """AReaL's own resend wait for the test, whatever ran before in this process; restored after."""
     from areal.infra import remote_inf_engine
+    from areal.infra.workflow_executor import WorkflowExecutor
 
-    monkeypatch.setattr(remote_inf_engine, "asyncio", asyncio)  # upstream's, whatever ran before
+    monkeypatch.setattr(remote_inf_engine, "asyncio", asyncio)
+    for owner, name in [(remote_inf_engine.RemoteInfEngine, "pause"), (remote_inf_engine.RemoteInfEngine, "pause_generation"),
+                        (remote_inf_engine.RemoteInfEngine, "set_version"), (WorkflowExecutor, "is_paused")]:  # fmt: skip
+        original = getattr(owner, name)
+        monkeypatch.setattr(owner, name, getattr(original, "__wrapped__", original))
+
+
+def test_areal_resends_an_aborted_rollout_on_a_half_second_poll(server, prompts, upstream_resends):
+    """The premise of areal_patches/resume_poll (if AReaL changes, drop the module)."""
     asked = resend_after_resume(server, prompts[0])
     assert asked and set(asked) == {0.5}
 
 
-def test_resume_poll_resends_it_within_20_ms_of_the_resume(server, prompts, monkeypatch):
+def test_resume_poll_resends_it_within_20_ms_of_the_resume(server, prompts, upstream_resends):
     from areal.infra import remote_inf_engine
 
     from areal_patches import resume_poll
 
-    monkeypatch.setattr(remote_inf_engine, "asyncio", asyncio)
     resume_poll.install()
     resume_poll.install()  # idempotent
     assert isinstance(remote_inf_engine.asyncio, resume_poll.CappedSleep)
     asked = resend_after_resume(server, prompts[0])
     assert len(asked) >= 10 and max(asked) == resume_poll.POLL_SECONDS  # polled through the 0.3 s
+
+
+def interrupt_by_a_push(server, prompt, new_version: bool):
+    """A long rollout through AReaL's RemoteSGLangEngine, interrupted as a weight push does it:
+    the trainer pauses the dispatcher, the push pauses the server (which aborts the request),
+    loads and continues it, and the trainer sets the client's new version (`new_version`).
+    Returns the engine, with the dispatcher still paused, and the rollout's thread and result."""
+    from areal.api import ModelRequest
+    from areal.api.cli_args import GenerationHyperparameters
+
+    engine = remote_engine(server, "push")
+    box = {}
+
+    def run():
+        g = GenerationHyperparameters(max_new_tokens=200, greedy=True, ignore_eos=True)
+        box["r"] = asyncio.run(engine.agenerate(ModelRequest(rid="push", input_ids=prompt, gconfig=g)))
+
+    th = threading.Thread(target=run)
+    th.start()
+    wait_until(lambda: info(server.addr)["running"] == 1, what="request running")
+    engine.pause()
+    engine.pause_generation()
+    engine.continue_generation()
+    if new_version:
+        engine.set_version(1)
+    return engine, th, box
+
+
+def test_resume_poll_resends_it_once_the_push_is_over_before_the_trainer_resumes(server, prompts, upstream_resends):
+    from areal_patches import resume_poll
+
+    resume_poll.install()
+    engine, th, box = interrupt_by_a_push(server, prompts[0], new_version=True)
+    try:
+        th.join(timeout=120)
+        assert not th.is_alive() and engine.workflow_executor.runner.paused.is_set()  # done, the dispatcher still paused
+        versions = box["r"].output_versions
+        assert len(versions) == 200 and versions[0] == 0 and versions[-1] == 1  # old weights, then the new
+        assert versions == sorted(versions)
+    finally:
+        engine.resume()
+        engine.destroy()
+
+
+def test_resume_poll_holds_a_resend_without_a_new_version_until_the_resume(server, prompts, upstream_resends):
+    from areal_patches import resume_poll
+
+    resume_poll.install()
+    engine, th, box = interrupt_by_a_push(server, prompts[0], new_version=False)
+    try:
+        th.join(timeout=1.0)
+        assert th.is_alive() and info(server.addr)["running"] == 0  # not resent while paused
+        engine.resume()
+        th.join(timeout=120)
+        assert len(box["r"].output_tokens) == 200 and set(box["r"].output_versions) == {0}
+    finally:
+        engine.resume()
+        engine.destroy()
 
 
 # ----------------------------------------------------------------------------- process hygiene
