@@ -283,7 +283,8 @@ def test_compare_prints_where_each_rows_step_goes(tmp_path, capsys):
     extra = {"D": {"seconds_per_step": {"step": 6.0, "rollout": 2.8, "compute_advantage": 0.2, "train_step": 1.5,
                                         "update_weights": 1.0, "eval": 0.4, "save": 0.05},
                    "server": {"paused_per_push_median_s": 0.31, "client_load_wait_median_s": 0.12, "busy_share": 0.64}},
-             "C": {"seconds_per_step": {"step": 8.6, "rollout": 6.8, "update": 0.9, "eval": 0.9}},
+             "C": {"seconds_per_step": {"step": 8.6, "rollout": 6.8, "update": 0.9, "eval": 0.9},
+                   "log_history": [{"frac_reward_zero_std": 0.25}, {"loss": 0.1}, {"frac_reward_zero_std": 0.35}]},
              "A": {}}  # a row written before rows carried their parts  # fmt: skip
     for path in paths:
         record = json.loads(path.read_text())
@@ -293,9 +294,9 @@ def test_compare_prints_where_each_rows_step_goes(tmp_path, capsys):
     table = lines[lines.index("where a step's time goes (seconds a step, mean):") + 1:]
     assert table[0].startswith("| row | step | rollouts") and table[0].count("|") == table[1].count("|")
     # D: "other" is the step less every timed part, the save included
-    assert table[2] == "| D | 6.00 | 2.80 | 0.20 | 1.50 | 1.00 | 0.40 | 0.05 | 0.31 | 0.12 | 64% |"
-    assert table[3] == "| C | 8.60 | 6.80 | - | 0.90 | - | 0.90 | 0.00 | - | - | - |"
-    assert table[4] == "| A | - | - | - | - | - | - | - | - | - | - |"
+    assert table[2] == "| D | 6.00 | 2.80 | 0.20 | 1.50 | 1.00 | 0.40 | 0.05 | 0.31 | 0.12 | 64% | - |"
+    assert table[3] == "| C | 8.60 | 6.80 | - | 0.90 | - | 0.90 | 0.00 | - | - | - | 30% |"  # TRL's mean share
+    assert table[4] == "| A | - | - | - | - | - | - | - | - | - | - | - |"
 
 
 def test_one_number_count_draws_no_panel_that_repeats_the_success_panel(tmp_path, monkeypatch):
