@@ -305,15 +305,23 @@ STEP_PARTS = (  # (column, the part's key in a row's seconds_per_step: AReaL's t
 )
 
 
+def cell(value: float | None, spec: str) -> str:
+    """A table cell: `value` formatted by `spec`, or "-" where a row has no such figure."""
+    return "-" if value is None else format(value, spec)
+
+
+def uniform_share(row: dict) -> float | None:
+    """TRL's mean share of a step's groups whose completions all scored the same (its log's
+    `frac_reward_zero_std`): it trains on them at zero advantage, where this example's rows,
+    with dynamic sampling, sample other puzzles in their place. None for other rows."""
+    shares = [entry["frac_reward_zero_std"] for entry in row.get("log_history", []) if "frac_reward_zero_std" in entry]
+    return sum(shares) / len(shares) if shares else None
+
+
 def step_table(rows: list[dict]) -> str:
     """Mean seconds a step and its parts, one line per row; "other" is the step less every timed
     part. For rows with a dev server (A, B, D): its median pause per push, the inference
-    client's median wait for each load (inside the push), and the share of the run it was busy.
-    For TRL's rows: the mean share of groups whose completions all scored the same (its log's
-    `frac_reward_zero_std`), which it trains on at zero advantage where this example's rows,
-    with dynamic sampling, sample other puzzles in their place."""
-    seconds = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
-    share = lambda value: "-" if value is None else f"{value:.0%}"  # noqa: E731
+    client's median wait for each load (inside the push), and the share of the run it was busy."""
     lines = ["where a step's time goes (seconds a step, mean):",
              f"| row | step | {' | '.join(name for name, _ in STEP_PARTS)} | other "
              "| server paused a push | of the push, the load | server busy | groups at zero advantage (TRL) |",
@@ -323,11 +331,10 @@ def step_table(rows: list[dict]) -> str:
         parts = [next((split[key] for key in keys if key in split), None) for _, keys in STEP_PARTS]
         other = split["step"] - sum(v for k, v in split.items() if k != "step") if "step" in split else None
         server = row.get("server") or {}
-        uniform = [entry["frac_reward_zero_std"] for entry in row.get("log_history", []) if "frac_reward_zero_std" in entry]
-        lines.append(f"| {row_name(row)} | {seconds(split.get('step'))} | {' | '.join(map(seconds, parts))} "
-                     f"| {seconds(other)} | {seconds(server.get('paused_per_push_median_s'))} "
-                     f"| {seconds(server.get('client_load_wait_median_s'))} | {share(server.get('busy_share'))} "
-                     f"| {share(sum(uniform) / len(uniform) if uniform else None)} |")
+        cells = [split.get("step"), *parts, other, server.get("paused_per_push_median_s"),
+                 server.get("client_load_wait_median_s")]  # fmt: skip
+        lines.append(f"| {row_name(row)} | {' | '.join(cell(value, '.2f') for value in cells)} "
+                     f"| {cell(server.get('busy_share'), '.0%')} | {cell(uniform_share(row), '.0%')} |")
     return "\n".join(lines)
 
 
