@@ -60,8 +60,9 @@ def when(stamp: str) -> datetime:
 
 
 def read_server_log(text: str) -> ServerLog:
-    """The pause windows and the generation of one dev server log, and the timed-out posts
-    of the rollout worker whose lines share it. A batch is logged when it ends, with its
+    """The pause windows and the generation of one dev server log, and what AReaL's client
+    logged in the same text (a single controller's rollout log, or the trainer's log appended):
+    its timed-out posts and its waits for each load. A batch is logged when it ends, with its
     seconds: it started that long before its line."""
     pauses, loads, idle_after, rows, tokens, aborted, busy, stamps, timed_out = [], [], [], [], 0, 0, 0.0, [], 0
     load_waits, record_waits = [], []
