@@ -83,6 +83,7 @@ class ContinuousBatch:
         self.active = torch.empty(0, dtype=torch.long, device=dev)
         self.summary = RunSummary(finish={})
 
+    @torch.inference_mode()
     def run(self, first: list[GenRequest]) -> RunSummary:
         params = first[0].params
         self.params, self.key = params, params.batch_key
