@@ -72,14 +72,17 @@ def hold_resends(original):
 def release_resends(original):
     """The client's new version, set after a push: its interrupted rollouts may go."""
 
-    def set_version(self, version):
-        original(self, version)
+    def set_version(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
         setattr(self, RELEASED, True)
+        return result
 
     return set_version
 
 
 def paused_unless_released(original):
+    """The dispatcher's pause, as agenerate's resend wait sees it: over once the push is."""
+
     def is_paused(self) -> bool:
         return original(self) and not getattr(self.inference_engine, RELEASED, False)
 
