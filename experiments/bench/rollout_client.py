@@ -1,0 +1,96 @@
+"""The CPU that AReaL's rollout client spends on each episode, in the process that runs it.
+
+    python3 -m experiments.bench.rollout_client --model DIR [--groups 64] [--group-size 8]
+        [--max-new 96] [--repeats 3] [--device cpu|cuda]
+
+Under AReaL's local launcher, as in the time-to-accuracy rows, the rollout client runs in the
+trainer's own process, in a thread beside the update: for every episode of
+`train.CountDownWorkflow` it renders the prompt through the chat template, sends the request to
+a server, decodes and scores the completion and builds its tensors, and AReaL's dispatcher
+gathers the episodes into groups. That work holds the interpreter's lock, which the update's
+own kernel launches need too. This runs the same client, with the project's AReaL fixes, on
+batches of --groups x --group-size episodes against the dev server, a process of its own whose
+CPU is not counted, and prints for each batch its seconds, the client process's CPU seconds
+(user and system, every thread) and the CPU an episode. The first batch also pays for
+loading the workflow and its tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from pathlib import Path
+
+import countdown
+from devkit.dev_server.client import serve
+
+
+def process_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(addr: str, model: Path, groups: int, group_size: int, max_new: int, repeats: int,
+            seed: int) -> list[dict]:
+    """One row a batch: the client's wall and CPU seconds for `groups` puzzles of `group_size`
+    sampled episodes each, through AReaL's RemoteSGLangEngine and train.CountDownWorkflow."""
+    import areal_patches
+    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+    from areal.engine import RemoteSGLangEngine
+
+    areal_patches.apply()  # as train.py's main() does in the trainer's process
+    engine = RemoteSGLangEngine(InferenceEngineConfig(
+        backend="sglang:d1", max_concurrent_rollouts=groups * group_size, consumer_batch_size=groups,
+        max_head_offpolicyness=10**6,  # no trainer here: never hold rollouts back
+    ))  # fmt: skip
+    engine.initialize(addr=addr)
+    gconfig = GenerationHyperparameters(n_samples=group_size, max_new_tokens=max_new, temperature=1.0)
+    puzzles = countdown.generate_puzzles(groups * repeats, seed=seed)
+    rows = []
+    try:
+        for i in range(repeats):
+            started, cpu = time.perf_counter(), process_cpu_seconds()
+            done = engine.rollout_batch(puzzles[i * groups:(i + 1) * groups], workflow="train.CountDownWorkflow",
+                                        workflow_kwargs=dict(gconfig=gconfig, tokenizer=str(model)),
+                                        group_size=group_size)  # fmt: skip
+            seconds, cpu = time.perf_counter() - started, process_cpu_seconds() - cpu
+            episodes = sum(int(group["input_ids"].shape[0]) for group in done)
+            tokens = sum(int(group["loss_mask"].sum()) for group in done)
+            rows.append({"batch": i + 1, "episodes": episodes, "output_tokens": tokens,
+                         "seconds": round(seconds, 2), "client_cpu_s": round(cpu, 3),
+                         "client_cpu_ms_per_episode": round(1000 * cpu / episodes, 3)})  # fmt: skip
+    finally:
+        engine.destroy()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| batch | episodes | output tokens | seconds | client CPU (s) | client CPU an episode (ms) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['episodes']} | {r['output_tokens']:,} | {r['seconds']:.2f} | "
+              f"{r['client_cpu_s']:.3f} | {r['client_cpu_ms_per_episode']:.3f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="a model folder with its tokenizer")
+    parser.add_argument("--device", default="cpu", help="the dev server's device")
+    parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-new", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: not a Hugging Face model folder (no config.json); "
+                     "make one with python3 -m devkit.make_tiny_model --preset tiny --out DIR")
+    dtype = "float32" if args.device == "cpu" else "bfloat16"
+    with serve(args.model, device=args.device, dtype=dtype, max_batch=args.groups * args.group_size) as addr:
+        rows = measure(addr, args.model, args.groups, args.group_size, args.max_new, args.repeats, args.seed)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
