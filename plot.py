@@ -15,7 +15,8 @@ the run logged more than one number count.
 
 `--compare` draws the rows written by experiments/time_to_accuracy.py in one panel: held-out
 pass@1 against seconds of training since the first rollout, one line per row (its points,
-then its final evaluation), with the row's steps per minute in the legend. When the reference
+then its final evaluation), with the row's steps per minute in the legend; rows of one letter
+and seed (variants of a row, in folders of their own) are named by their folder. When the reference
 row (`--reference`, C by default: TRL's) is among them, it also prints how soon each row
 reaches the reference's final pass@1. Then it prints where each row's step goes: the mean
 seconds of each timed part (AReaL's `timeperf/*`; TRL's generation, update and evaluation),
@@ -259,8 +260,19 @@ def row_seed(row: dict) -> int | None:
 
 
 def row_name(row: dict) -> str:
+    """The row's letter, its seed, and the folder it came from when another row shares both."""
     seed = row_seed(row)
-    return row["row"] if seed is None else f"{row['row']} (seed {seed})"
+    name = row["row"] if seed is None else f"{row['row']} (seed {seed})"
+    return f"{name} [{row['variant']}]" if "variant" in row else name
+
+
+def tell_apart(rows: list[dict], paths: list[Path]) -> None:
+    """Rows of one letter and seed (variants of a row, e.g. OUT/static/row_D.json beside
+    OUT/row_D.json) are named by their file's folder."""
+    names = [row_name(row) for row in rows]
+    for row, path, name in zip(rows, paths, names):
+        if names.count(name) > 1:
+            row["variant"] = path.parent.name
 
 
 def seconds_to_reach(row: dict, target: float) -> float | None:
@@ -386,6 +398,7 @@ def compare(row_files: list[Path], out: Path | None, reference: str = "C") -> in
     except ValueError as e:
         print(f"plot.py: {e}", file=sys.stderr)
         return 2
+    tell_apart(rows, row_files)
     out = out or row_files[0].parent / "time_to_accuracy.png"
     compare_figure(rows).savefig(out, dpi=120)
     print(f"wrote {out} ({len(rows)} rows)")

@@ -299,6 +299,17 @@ def test_compare_prints_where_each_rows_step_goes(tmp_path, capsys):
     assert table[4] == "| A | - | - | - | - | - | - | - | - | - | - | - |"
 
 
+def test_variants_of_one_row_are_named_by_their_folder(tmp_path, capsys):
+    (tmp_path / "static").mkdir()
+    paths = [row_file(tmp_path, "D", [(0.0, 0.3)], (400.0, 0.40), 9.8),
+             row_file(tmp_path / "static", "D", [(0.0, 0.3)], (400.0, 0.38), 8.1),
+             row_file(tmp_path, "C", [(0.0, 0.3)], (400.0, 0.35), 6.8)]  # fmt: skip
+    assert plot.main(["--compare", *map(str, paths), "--out", str(tmp_path / "tta.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"| D [{tmp_path.name}] | 9.8 |" in out and "| D [static] | 8.1 |" in out
+    assert "| C | 6.8 |" in out  # a row with no namesake keeps its name
+
+
 def test_one_number_count_draws_no_panel_that_repeats_the_success_panel(tmp_path, monkeypatch):
     """The CPU demo's puzzles all have two numbers: success_2nums is success again."""
     tb_dir = tmp_path / "logs"
