@@ -151,6 +151,8 @@ def areal_row(lr_args: argparse.Namespace, seconds: float) -> dict:
     run_dir = lr_args.work / "grpo"
     deadline = Deadline(run_dir / "logs" / "tensorboard", seconds)
     threading.Thread(target=deadline.watch, daemon=True).start()
+    server_log = lr_args.work / "server.log"
+    server_log_start = server_log.stat().st_size if server_log.exists() else 0  # the dev server appends to it
     learning_run.grpo_phase(lr_args, stop=deadline.stop)
     results = json.loads((lr_args.work / "results.json").read_text())
     run = plot.read_run(run_dir / "logs" / "tensorboard")
@@ -167,7 +169,7 @@ def areal_row(lr_args: argparse.Namespace, seconds: float) -> dict:
         "training_seconds": round(end - start, 1),
         "seconds_per_step": areal_step_split(run),
         "eval_seconds_on_clock": round(sum(run.scalars.get("timeperf/eval", {}).values()), 1),
-        "server": pause_windows.summary(pause_windows.read_server_log(pause_windows.run_logs(lr_args.work / "server.log"))),
+        "server": pause_windows.summary(pause_windows.read_server_log(pause_windows.run_logs(server_log, server_log_start))),
         "points": [{"seconds": 0.0, "step": 0, "pass@1": results["pass@1_before"]["all"]}, *areal_points(run, start)],
         "pass@1_before": results["pass@1_before"],
         "final": {"seconds": round(end - start, 1), "step": steps, "pass@1": results["pass@1_after"]},

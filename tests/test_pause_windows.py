@@ -5,7 +5,7 @@ and the completion posts that timed out, from the rollout worker's lines in the 
 
 import pytest
 
-from experiments.bench.pause_windows import main, read_server_log
+from experiments.bench.pause_windows import main, read_server_log, run_logs
 
 LOG = """\
 2026-12-01 20:50:00,000 dev_server[7] INFO serving on http://127.0.0.1:7
@@ -58,3 +58,12 @@ def test_the_trainer_log_beside_a_server_log_gives_the_clients_waits(tmp_path, c
     alone, beside = (line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith(("| alone", "| beside")))
     assert alone[6:8] == ["0.000", "0.000"] and beside[6:8] == ["0.700", "0.090"]
     assert alone[1:6] == beside[1:6] and alone[8:] == beside[8:]
+
+
+def test_a_run_reads_its_own_lines_of_a_log_that_earlier_runs_appended_to(tmp_path):
+    earlier = "2026-12-01 20:40:00,000 dev_server[6] INFO generation paused (mode=abort, 0 running requests aborted, 0 queued held)\n" \
+              "2026-12-01 20:40:09,000 dev_server[6] INFO generation continued (0 queued)\n"  # fmt: skip
+    log = tmp_path / "server.log"
+    log.write_text(earlier + LOG)
+    assert read_server_log(run_logs(log)).pauses == pytest.approx([9.0, 0.779, 61.575])
+    assert read_server_log(run_logs(log, since=len(earlier.encode()))).pauses == pytest.approx([0.779, 61.575])

@@ -75,6 +75,11 @@ def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_dir, tmp_path):
+    earlier_run = "".join(f"2026-12-01 20:40:{2 * i:02d},000 dev_server[6] INFO generation paused (mode=abort)\n"
+                          f"2026-12-01 20:40:{2 * i + 1:02d},000 dev_server[6] INFO generation continued (0 queued)\n"
+                          for i in range(20))  # fmt: skip
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "server.log").write_text(earlier_run)  # the dev server appends: the row must not count it
     record = run_row("A", tiny_model_dir, tmp_path, "--seconds", "8", "--eval-seconds", "2",
                      "--max-new-tokens", "24", "--train-max-new-tokens", "24", "--no-skip-uniform-groups",
                      "--set", "seed=9137", name="row_A_seed9137")  # fmt: skip

@@ -137,10 +137,14 @@ def table(logs: dict[str, ServerLog]) -> str:
     return "\n".join(rows)
 
 
-def run_logs(server_log: Path) -> str:
-    """A server log's text, followed by the trainer's log beside it (experiments/learning_run.py
-    writes `train.log` next to `server.log`), whose lines name each push's waits."""
-    text = server_log.read_text(errors="replace")
+def run_logs(server_log: Path, since: int = 0) -> str:
+    """A server log's text from byte `since` on, followed by the trainer's log beside it
+    (experiments/learning_run.py writes `train.log` next to `server.log`), whose lines name each
+    push's waits. The dev server appends to its log, so a run in a folder used before reads its
+    own lines from the size the log had when it began."""
+    with server_log.open("rb") as log:
+        log.seek(since)
+        text = log.read().decode(errors="replace")
     trainer_log = server_log.with_name("train.log")
     if trainer_log.is_file() and trainer_log != server_log:
         text += "\n" + trainer_log.read_text(errors="replace")
