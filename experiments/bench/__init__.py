@@ -1,2 +1,17 @@
 """Benchmarks, run as scripts (`python3 experiments/bench/bench_reward.py`). A package so that the
-tests import what they share with the benchmarks (experiments.bench.hostile_inputs) by one name."""
+tests import what they share with the benchmarks (experiments.bench.hostile_inputs) by one name,
+and the benchmarks what they share with each other."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def model_folder(text: str) -> Path:
+    """An argparse type: a Hugging Face model folder, or one line saying how to make one."""
+    path = Path(text)
+    if not (path / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: not a Hugging Face model folder (no config.json); "
+                                         "make one with python3 -m devkit.make_tiny_model --preset tiny --out DIR")
+    return path

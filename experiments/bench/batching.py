@@ -29,6 +29,7 @@ from pathlib import Path
 
 import countdown
 from devkit.dev_server import client
+from experiments.bench import model_folder
 
 MODES = ("static", "continuous")
 
@@ -104,7 +105,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, required=True, help="a Qwen2 or Llama folder with its tokenizer")
+    parser.add_argument("--model", type=model_folder, required=True, help="a Qwen2 or Llama folder with its tokenizer")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on CPU")
     parser.add_argument("--groups", type=int, default=64)
@@ -116,9 +117,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="run the modes in turn this many times")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args(argv)
-    if not (args.model / "config.json").is_file():
-        parser.error(f"--model {args.model}: not a Hugging Face model folder (no config.json); "
-                     "make one with python3 -m devkit.make_tiny_model --preset tiny --out DIR")
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     groups = workload(args.model, args.groups, args.group_size, args.max_new, args.seed)
     rows = []

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import countdown
 from devkit.dev_server.client import serve
+from experiments.bench import model_folder
 
 
 def process_cpu_seconds() -> float:
@@ -75,7 +76,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, required=True, help="a model folder with its tokenizer")
+    parser.add_argument("--model", type=model_folder, required=True, help="a model folder with its tokenizer")
     parser.add_argument("--device", default="cpu", help="the dev server's device")
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=8)
@@ -83,9 +84,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if not (args.model / "config.json").is_file():
-        parser.error(f"--model {args.model}: not a Hugging Face model folder (no config.json); "
-                     "make one with python3 -m devkit.make_tiny_model --preset tiny --out DIR")
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     with serve(args.model, device=args.device, dtype=dtype, max_batch=args.groups * args.group_size) as addr:
         rows = measure(addr, args.model, args.groups, args.group_size, args.max_new, args.repeats, args.seed)
