@@ -18,18 +18,12 @@ loading the workflow and its tokenizer.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 from pathlib import Path
 
 import countdown
 from devkit.dev_server.client import serve
 from experiments.bench import model_folder
-
-
-def process_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def measure(addr: str, model: Path, groups: int, group_size: int, max_new: int, repeats: int,
@@ -51,11 +45,11 @@ def measure(addr: str, model: Path, groups: int, group_size: int, max_new: int, 
     rows = []
     try:
         for i in range(repeats):
-            started, cpu = time.perf_counter(), process_cpu_seconds()
+            started, cpu = time.perf_counter(), time.process_time()
             done = engine.rollout_batch(puzzles[i * groups:(i + 1) * groups], workflow="train.CountDownWorkflow",
                                         workflow_kwargs=dict(gconfig=gconfig, tokenizer=str(model)),
                                         group_size=group_size)  # fmt: skip
-            seconds, cpu = time.perf_counter() - started, process_cpu_seconds() - cpu
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
             episodes = sum(int(group["input_ids"].shape[0]) for group in done)
             tokens = sum(int(group["loss_mask"].sum()) for group in done)
             rows.append({"batch": i + 1, "episodes": episodes, "output_tokens": tokens,
