@@ -33,6 +33,7 @@ def test_each_pause_is_measured_to_its_continue_and_generation_is_counted():
     assert (log.load_waits, log.record_waits) == ([0.7], [0.09])  # AReaL's client's line  # a continue with no pause before it counts nothing
     assert log.idle_after == pytest.approx([0.3])  # continued at 10.564, the next batch ran 10.864-11.064
     assert log.busy_seconds == pytest.approx(0.55)
+    assert log.idle_gaps == pytest.approx([7.35, 0.964])  # 2.5 -> 9.85 and 9.9 -> 10.864: nothing to run
     assert (log.output_tokens, log.aborted) == (130, 2)
     assert log.seconds == pytest.approx(106.235)
     assert log.callbacks_timed_out == 1  # the stall's mark; a reset at the end of a run is not
@@ -42,7 +43,7 @@ def test_the_table_has_a_row_per_log_and_a_missing_file_is_refused(tmp_path, cap
     (tmp_path / "server.log").write_text(LOG)
     main([f"fix={tmp_path / 'server.log'}"])
     row = capsys.readouterr().out.splitlines()[-1]
-    assert row == "| fix | 2 | 31.177 | 61.575 | 62.4 | 0.620 | 0.700 | 0.090 | 0.300 | 1% | 106 | 130 | 1 | 3 | 2 | 2 | 1 |"
+    assert row == "| fix | 2 | 31.177 | 61.575 | 62.4 | 0.620 | 0.700 | 0.090 | 0.300 | 1% | 2 | 4.157 | 8.3 | 106 | 130 | 1 | 3 | 2 | 2 | 1 |"
     with pytest.raises(SystemExit) as refused:
         main([f"fix={tmp_path / 'missing.log'}"])
     assert refused.value.code == 2

@@ -8,7 +8,8 @@ continues (areal_patches/pause_at_load.py says when). The dev server logs each o
 every finished batch with its timestamp, so its log alone tells how long each push kept
 generation paused, how long the server then sat idle before its next batch (interrupted
 rollouts wait for the trainer's resume: areal_patches/resume_poll.py), what share of the run it
-was busy, how many tokens it generated and in batches of how many rows, and how long its own
+was busy and for how long it sat idle between batches (gaps over 0.3 s: the trainer had sent
+nothing to run), how many tokens it generated and in batches of how many rows, and how long its own
 load of each push took. A log is the dev server's
 own (`experiments/learning_run.py`'s `server.log`) or a run's `rollout.log` (lines may carry a
 `[rollout] ` prefix). A single controller's rollout log also holds the worker's lines, so the
@@ -37,6 +38,7 @@ ANY = re.compile(STAMP)
 # AReaL's inference client, once the servers have loaded a push: from its load request to their
 # answer, and ("Respond time") from the trainer's "weights saved" record to the client seeing it.
 LOAD_DONE = re.compile(r"Loading weights from disk done in ([\d.]+)s\. Respond time: ([\d.]+)s")
+IDLE_GAP_S = 0.3  # an idle stretch between two batches longer than this counts as a gap
 CALLBACK_TIMED_OUT = re.compile(r"Callback to \S+ failed: .*Read timed out")
 
 
@@ -48,6 +50,7 @@ class ServerLog:
     record_waits: list[float]  # ... and from the trainer's "weights saved" record to seeing it
     idle_after: list[float]  # seconds from each such "continued" to the start of the next batch
     busy_seconds: float  # the batches' own seconds, summed
+    idle_gaps: list[float]  # seconds from a batch's end to the next one's start, where over IDLE_GAP_S
     output_tokens: int
     batch_rows: list[int]  # each batch's rows (a continuous one: the most it held at once)
     aborted: int  # requests cut short by a pause or an abort (AReaL resubmits them)
@@ -65,8 +68,8 @@ def read_server_log(text: str) -> ServerLog:
     its timed-out posts and its waits for each load. A batch is logged when it ends, with its
     seconds: it started that long before its line."""
     pauses, loads, idle_after, rows, tokens, aborted, busy, stamps, timed_out = [], [], [], [], 0, 0, 0.0, [], 0
-    load_waits, record_waits = [], []
-    paused_at = continued_at = None
+    load_waits, record_waits, idle_gaps = [], [], []
+    paused_at = continued_at = last_end = None
     for line in text.splitlines():
         timed_out += bool(CALLBACK_TIMED_OUT.search(line))
         if done := LOAD_DONE.search(line):
@@ -87,13 +90,18 @@ def read_server_log(text: str) -> ServerLog:
             rows.append(int(m.group(3) or m.group(2)))
             tokens += int(m.group(4))
             busy += float(m.group(5))
+            end = when(m.group(1))
+            if last_end is not None and (gap := (end - last_end).total_seconds() - float(m.group(5))) > IDLE_GAP_S:
+                idle_gaps.append(gap)
+            last_end = end
             aborted += sum(int(n) for kind, n in (part.split(":") for part in m.group(6).split(",")) if kind == "abort")
             if continued_at is not None:
                 started = (when(m.group(1)) - continued_at).total_seconds() - float(m.group(5))
                 idle_after.append(max(started, 0.0))
                 continued_at = None
     seconds = (stamps[-1] - stamps[0]).total_seconds() if stamps else 0.0
-    return ServerLog(pauses, loads, load_waits, record_waits, idle_after, busy, tokens, rows, aborted, seconds, timed_out)
+    return ServerLog(pauses, loads, load_waits, record_waits, idle_after, busy, idle_gaps, tokens, rows, aborted, seconds,
+                     timed_out)
 
 
 def median(values: list[float]) -> float:
@@ -112,6 +120,9 @@ def summary(log: ServerLog) -> dict:
         "record_seen_after_median_s": round(median(log.record_waits), 3),
         "idle_after_continue_median_s": round(median(log.idle_after), 3),
         "busy_share": round(log.busy_seconds / log.seconds, 4) if log.seconds else 0.0,
+        "idle_gaps": len(log.idle_gaps),
+        "idle_gap_median_s": round(median(log.idle_gaps), 3),
+        "idle_in_gaps_s": round(sum(log.idle_gaps), 1),
         "span_s": round(log.seconds, 1),
         "output_tokens": log.output_tokens,
         "tokens_per_s": round(log.output_tokens / log.seconds) if log.seconds else 0,
@@ -124,15 +135,16 @@ def summary(log: ServerLog) -> dict:
 
 def table(logs: dict[str, ServerLog]) -> str:
     rows = [
-        "| run | pushes | paused per push, median (s) | max (s) | paused in all (s) | the server's load, median (s) | the client's wait for a load, median (s) | record seen after, median (s) | idle after a continue, median (s) | busy share of span | log span (s) | output tokens | tokens/s of span | batches | rows a batch, median | requests aborted | callbacks timed out |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | pushes | paused per push, median (s) | max (s) | paused in all (s) | the server's load, median (s) | the client's wait for a load, median (s) | record seen after, median (s) | idle after a continue, median (s) | busy share of span | idle gaps over 0.3 s | their median (s) | idle in them (s) | log span (s) | output tokens | tokens/s of span | batches | rows a batch, median | requests aborted | callbacks timed out |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for label, log in logs.items():
         f = summary(log)
         rows.append(f"| {label} | {f['pushes']} | {f['paused_per_push_median_s']:.3f} | {f['paused_per_push_max_s']:.3f} "
                     f"| {f['paused_in_all_s']:.1f} | {f['load_median_s']:.3f} | {f['client_load_wait_median_s']:.3f} "
                     f"| {f['record_seen_after_median_s']:.3f} | {f['idle_after_continue_median_s']:.3f} "
-                    f"| {f['busy_share']:.0%} | {f['span_s']:.0f} | {f['output_tokens']:,} | {f['tokens_per_s']:,} "
+                    f"| {f['busy_share']:.0%} | {f['idle_gaps']} | {f['idle_gap_median_s']:.3f} | {f['idle_in_gaps_s']:.1f} "
+                    f"| {f['span_s']:.0f} | {f['output_tokens']:,} | {f['tokens_per_s']:,} "
                     f"| {f['batches']} | {f['rows_per_batch_median']:g} | {f['requests_aborted']:,} | {f['callbacks_timed_out']} |")  # fmt: skip
     return "\n".join(rows)
 
