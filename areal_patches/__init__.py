@@ -31,7 +31,6 @@ Speed-ups: the same results, sooner.
 | `fast_save` | each push (and Hugging Face save) gathers the weights into pageable host memory in float32 and casts them on the CPU | cast on the GPU, one copy into reused pinned memory; the same files | `apply(skip={"fast_save"})` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `apply(skip={"fast_step"})`; `TORCHDYNAMO_DISABLE=1` for compilation only |
 | `resume_poll` | rollouts a weight push interrupted are resent on a 0.5 s poll once the trainer resumes the dispatcher, at the end of its step | resent within 20 ms of the push's end (the servers loaded, the client's version set); no new rollout starts before the resume | `apply(skip={"resume_poll"})` |
-| `background_push` | SPMD launchers: the trainer waits for each disk push to end (the folder written, the servers' load) before its next step | only the copy of the weights to host memory stays on its clock; the rest runs in a thread while the next step trains, the client's version set once the servers hold it | `apply(skip={"background_push"})` |
 | `callback_pool` | single controller: a rollout worker posts its completion callbacks from the 4-thread pool its weight load runs in, to a single-threaded server that a push keeps busy until that load ends; rollouts finishing during a push stall it until their posts time out (30 s), each logged as a failed callback | the posts have a pool of their own; the load never waits behind them | `apply(skip={"callback_pool"})` |
 | `fewer_syncs` | GRPO's group reward normalisation reads two counts back from the GPU per group (a Python loop over the groups); each micro-batch's staleness statistics read ten values one by one | one group pass without a read; one read per micro-batch; the same numbers | `apply(skip={"fewer_syncs"})` |
 
@@ -65,16 +64,15 @@ logger = logging.getLogger(__name__)
 
 def fixes() -> dict[str, list[ModuleType]]:
     """The fixes by kind, in the order `apply()` applies them."""
-    from areal_patches import (background_push, callback_pool, clean_exit, data_seed, fast_save, fast_step,
-                               fewer_syncs, mask_mapping, packed_sdpa, pause_at_load, port_draw, progress_total,
-                               resume_poll, rollout_shutdown, rollout_stats, server_start, slurm_container,
-                               slurm_job_exit, task_callback, wandb_offline, weight_push)
+    from areal_patches import (callback_pool, clean_exit, data_seed, fast_save, fast_step, fewer_syncs, mask_mapping,
+                               packed_sdpa, pause_at_load, port_draw, progress_total, resume_poll, rollout_shutdown,
+                               rollout_stats, server_start, slurm_container, slurm_job_exit, task_callback,
+                               wandb_offline, weight_push)
 
     return {
         "bug fixes": [packed_sdpa, mask_mapping, server_start, clean_exit, progress_total, data_seed, rollout_stats,
                       slurm_container, slurm_job_exit, port_draw, task_callback, rollout_shutdown, wandb_offline],
-        "speed-ups": [weight_push, pause_at_load, resume_poll, background_push, fast_save, fast_step, callback_pool,
-                      fewer_syncs],
+        "speed-ups": [weight_push, pause_at_load, resume_poll, fast_save, fast_step, callback_pool, fewer_syncs],
     }
 
 
