@@ -26,7 +26,7 @@ import argparse
 import re
 import statistics
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) dev_server\[\d+\] INFO "
@@ -50,7 +50,7 @@ class ServerLog:
     record_waits: list[float]  # ... and from the trainer's "weights saved" record to seeing it
     idle_after: list[float]  # seconds from each such "continued" to the start of the next batch
     busy_seconds: float  # the batches' own seconds, summed
-    idle_gaps: list[float]  # seconds from a batch's end to the next one's start, where over IDLE_GAP_S
+    idle_gaps: list[tuple[datetime, datetime]]  # from a batch's end to the next one's start, where over IDLE_GAP_S
     output_tokens: int
     batch_rows: list[int]  # each batch's rows (a continuous one: the most it held at once)
     aborted: int  # requests cut short by a pause or an abort (AReaL resubmits them)
@@ -91,8 +91,9 @@ def read_server_log(text: str) -> ServerLog:
             tokens += int(m.group(4))
             busy += float(m.group(5))
             end = when(m.group(1))
-            if last_end is not None and (gap := (end - last_end).total_seconds() - float(m.group(5))) > IDLE_GAP_S:
-                idle_gaps.append(gap)
+            start = end - timedelta(seconds=float(m.group(5)))
+            if last_end is not None and (start - last_end).total_seconds() > IDLE_GAP_S:
+                idle_gaps.append((last_end, start))
             last_end = end
             aborted += sum(int(n) for kind, n in (part.split(":") for part in m.group(6).split(",")) if kind == "abort")
             if continued_at is not None:
@@ -110,6 +111,7 @@ def median(values: list[float]) -> float:
 
 def summary(log: ServerLog) -> dict:
     """A log's figures by name (what the table prints, and what a time-to-accuracy row keeps)."""
+    gaps = [(end - start).total_seconds() for start, end in log.idle_gaps]
     return {
         "pushes": len(log.pauses),
         "paused_per_push_median_s": round(median(log.pauses), 3),
@@ -120,9 +122,9 @@ def summary(log: ServerLog) -> dict:
         "record_seen_after_median_s": round(median(log.record_waits), 3),
         "idle_after_continue_median_s": round(median(log.idle_after), 3),
         "busy_share": round(log.busy_seconds / log.seconds, 4) if log.seconds else 0.0,
-        "idle_gaps": len(log.idle_gaps),
-        "idle_gap_median_s": round(median(log.idle_gaps), 3),
-        "idle_in_gaps_s": round(sum(log.idle_gaps), 1),
+        "idle_gaps": len(gaps),
+        "idle_gap_median_s": round(median(gaps), 3),
+        "idle_in_gaps_s": round(sum(gaps), 1),
         "span_s": round(log.seconds, 1),
         "output_tokens": log.output_tokens,
         "tokens_per_s": round(log.output_tokens / log.seconds) if log.seconds else 0,

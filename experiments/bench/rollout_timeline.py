@@ -1,0 +1,132 @@
+"""What the trainer and its rollout client were doing while the dev server sat idle, from a run's logs.
+
+    python3 -m experiments.bench.rollout_timeline LABEL=RUN_FOLDER [LABEL=RUN_FOLDER ...]
+
+RUN_FOLDER is a run's work folder (`experiments/learning_run.py`'s or
+`experiments/time_to_accuracy.py`'s `--work`): the dev server's `server.log` beside the
+trainer's `train.log`, the run made with `--set rollout.enable_rollout_tracing=true`. With it
+AReaL's dispatcher logs every rollout it enqueues (only `prepare_batch` does, while the trainer
+waits in it), submits (once the staleness bound and the pause allow) and its task runner starts,
+each with the dispatcher's counts. The server's idle gaps are pause_windows' (over 0.3 s between
+two batches: it had nothing to run). For each gap this finds the trainer's phase at its start
+(waiting for rollouts: from the end of a step to the next step's advantages; otherwise training
+or pushing) and what the client did before the gap ended. Prints one Markdown row per run:
+- gaps while the trainer trained or pushed, and while it waited for rollouts;
+- of the latter, how many saw no rollout enqueued before they ended, and for the others the
+  median seconds from the gap's start to the first enqueue, and from there to the first start;
+- the dispatcher's counts at the gaps' starts (medians): rollouts enqueued and not yet
+  submitted, and running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from experiments.bench.pause_windows import median, read_server_log
+
+AREAL_STAMP = r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) "
+COUNTS = re.compile(AREAL_STAMP + r".*?(Enqueue|Submit) rollout\. enqueued: (\d+), running: (\d+), "
+                                  r"accepted: (\d+), rejected: (\d+)")
+STARTED = re.compile(AREAL_STAMP + r".*AsyncTaskRunner: Submitted task")
+STEP_DONE = re.compile(AREAL_STAMP + r".*Train step \d+/\d+ done")
+ADVANTAGES = re.compile(AREAL_STAMP + r".*Memory-Usage compute advantages")
+
+
+def areal_time(stamp: str) -> datetime:
+    return datetime.strptime(stamp, "%Y%m%d-%H:%M:%S.%f")
+
+
+@dataclass
+class Gap:
+    start: datetime
+    end: datetime
+    waiting: bool  # the trainer was waiting for rollouts at the gap's start
+    first_enqueue: datetime | None  # the first rollout enqueued in the gap
+    first_start: datetime | None  # the first rollout the task runner started after that, in the gap
+    pending: int  # the dispatcher's counts at the start: enqueued, not yet submitted
+    running: int
+
+
+def read_run(server_log: str, train_log: str) -> list[Gap]:
+    """Each idle gap of the server with the trainer's phase and the client's doings in it."""
+    counts, enqueued, started, marks = [], [], [], []
+    for line in train_log.splitlines():
+        if m := COUNTS.search(line):
+            t = areal_time(m.group(1))
+            counts.append((t, int(m.group(3)), int(m.group(4))))
+            if m.group(2) == "Enqueue":
+                enqueued.append(t)
+        elif m := STARTED.search(line):
+            started.append(areal_time(m.group(1)))
+        elif m := STEP_DONE.search(line):
+            marks.append((areal_time(m.group(1)), True))  # from here the trainer waits for rollouts
+        elif m := ADVANTAGES.search(line):
+            marks.append((areal_time(m.group(1)), False))
+    gaps = []
+    for start, end in read_server_log(server_log).idle_gaps:
+        before = [waiting for t, waiting in marks if t <= start]
+        state = [(pending, running) for t, pending, running in counts if t <= start]
+        first_enqueue = next((t for t in enqueued if start <= t < end), None)
+        first_start = next((t for t in started if first_enqueue is not None and first_enqueue <= t < end), None)
+        pending, running = state[-1] if state else (0, 0)
+        gaps.append(Gap(start, end, before[-1] if before else True, first_enqueue, first_start, pending, running))
+    return gaps
+
+
+def summary(gaps: list[Gap]) -> dict:
+    waiting = [g for g in gaps if g.waiting]
+    fed = [g for g in waiting if g.first_enqueue is not None]
+    started = [g for g in fed if g.first_start is not None]
+
+    def seconds(gs: list[Gap]) -> float:
+        return sum((g.end - g.start).total_seconds() for g in gs)
+
+    return {
+        "gaps": len(gaps), "idle_s": round(seconds(gaps), 1),
+        "training_gaps": len(gaps) - len(waiting), "training_idle_s": round(seconds(gaps) - seconds(waiting), 1),
+        "waiting_gaps": len(waiting), "waiting_idle_s": round(seconds(waiting), 1),
+        "waiting_gaps_nothing_enqueued": len(waiting) - len(fed),
+        "to_first_enqueue_median_s": round(median([(g.first_enqueue - g.start).total_seconds() for g in fed]), 3),
+        "enqueue_to_start_median_s": round(median([(g.first_start - g.first_enqueue).total_seconds() for g in started]), 3),
+        "pending_at_start_median": median([g.pending for g in gaps]),
+        "running_at_start_median": median([g.running for g in gaps]),
+    }  # fmt: skip
+
+
+def table(runs: dict[str, list[Gap]]) -> str:
+    rows = ["| run | idle gaps | idle (s) | while training or pushing: gaps | s | while waiting for rollouts: gaps | s "
+            "| of those, none enqueued before the gap ended | gap start to first enqueue, median (s) "
+            "| first enqueue to first start, median (s) | at a gap's start, median: enqueued not submitted | running |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, gaps in runs.items():
+        f = summary(gaps)
+        rows.append(f"| {label} | {f['gaps']} | {f['idle_s']:.1f} | {f['training_gaps']} | {f['training_idle_s']:.1f} "
+                    f"| {f['waiting_gaps']} | {f['waiting_idle_s']:.1f} | {f['waiting_gaps_nothing_enqueued']} "
+                    f"| {f['to_first_enqueue_median_s']:.3f} | {f['enqueue_to_start_median_s']:.3f} "
+                    f"| {f['pending_at_start_median']:g} | {f['running_at_start_median']:g} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="LABEL=RUN_FOLDER")
+    args = parser.parse_args(argv)
+    runs = {}
+    for item in args.runs:
+        label, sep, folder = item.partition("=")
+        logs = [Path(folder) / "server.log", Path(folder) / "train.log"]
+        if not sep or not all(log.is_file() for log in logs):
+            parser.error(f"{item!r}: give LABEL=FOLDER, FOLDER a run's work folder with server.log and train.log")
+        train_log = logs[1].read_text(errors="replace")
+        if not COUNTS.search(train_log):
+            parser.error(f"{logs[1]}: no rollout tracing lines; run with --set rollout.enable_rollout_tracing=true")
+        runs[label] = read_run(logs[0].read_text(errors="replace"), train_log)
+    print(table(runs))
+
+
+if __name__ == "__main__":
+    main()
