@@ -13,7 +13,8 @@ two batches: it had nothing to run). For each gap this finds the trainer's phase
 or pushing) and what the client did before the gap ended. Prints one Markdown row per run:
 - gaps while the trainer trained or pushed, and while it waited for rollouts;
 - of the latter, how many saw no rollout enqueued before they ended, and for the others the
-  median seconds from the gap's start to the first enqueue, and from there to the first start;
+  median seconds from the gap's start to the first enqueue, from there to the first start, and
+  from that start to the gap's end (the server's next batch);
 - the dispatcher's counts at the gaps' starts (medians): rollouts enqueued and not yet
   submitted, and running.
 """
@@ -92,6 +93,7 @@ def summary(gaps: list[Gap]) -> dict:
         "waiting_gaps_nothing_enqueued": len(waiting) - len(fed),
         "to_first_enqueue_median_s": round(median([(g.first_enqueue - g.start).total_seconds() for g in fed]), 3),
         "enqueue_to_start_median_s": round(median([(g.first_start - g.first_enqueue).total_seconds() for g in started]), 3),
+        "start_to_gap_end_median_s": round(median([(g.end - g.first_start).total_seconds() for g in started]), 3),
         "pending_at_start_median": median([g.pending for g in gaps]),
         "running_at_start_median": median([g.running for g in gaps]),
     }  # fmt: skip
@@ -100,13 +102,14 @@ def summary(gaps: list[Gap]) -> dict:
 def table(runs: dict[str, list[Gap]]) -> str:
     rows = ["| run | idle gaps | idle (s) | while training or pushing: gaps | s | while waiting for rollouts: gaps | s "
             "| of those, none enqueued before the gap ended | gap start to first enqueue, median (s) "
-            "| first enqueue to first start, median (s) | at a gap's start, median: enqueued not submitted | running |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| first enqueue to first start, median (s) | first start to the gap's end, median (s) | at a gap's start, median: enqueued not submitted | running |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, gaps in runs.items():
         f = summary(gaps)
         rows.append(f"| {label} | {f['gaps']} | {f['idle_s']:.1f} | {f['training_gaps']} | {f['training_idle_s']:.1f} "
                     f"| {f['waiting_gaps']} | {f['waiting_idle_s']:.1f} | {f['waiting_gaps_nothing_enqueued']} "
                     f"| {f['to_first_enqueue_median_s']:.3f} | {f['enqueue_to_start_median_s']:.3f} "
+                    f"| {f['start_to_gap_end_median_s']:.3f} "
                     f"| {f['pending_at_start_median']:g} | {f['running_at_start_median']:g} |")  # fmt: skip
     return "\n".join(rows)
 
