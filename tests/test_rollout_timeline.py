@@ -25,10 +25,11 @@ TRAIN_LOG = """\
 def test_each_gap_gets_the_trainers_phase_and_what_the_client_did_in_it():
     gaps = read_run(SERVER_LOG, TRAIN_LOG)
     # 1.0 -> 2.5 s while the trainer trained (its advantages at 0.9 s); 3.1 -> 4.8 s while it
-    # waited for rollouts (its step done at 2.8 s); the 0.05 s between 3.0 and 3.05 is no gap
+    # waited for rollouts (its step done at 2.8 s), each at the gap's middle; the 0.05 s between 3.0 and 3.05 is no gap
     assert [(g.waiting, round((g.end - g.start).total_seconds(), 3)) for g in gaps] == [(False, 1.5), (True, 1.7)]
-    assert (gaps[0].pending, gaps[0].running, gaps[0].first_enqueue) == (3, 5, None)
-    assert (gaps[1].pending, gaps[1].running) == (2, 6)  # the dispatcher's last counts before 3.1 s
+    # the dispatcher's last counts before each gap's middle (1.75 s, 3.95 s)
+    assert (gaps[0].pending, gaps[0].running, gaps[0].first_enqueue) == (2, 6, None)
+    assert (gaps[1].pending, gaps[1].running) == (1, 0)
     assert round((gaps[1].first_enqueue - gaps[1].start).total_seconds(), 3) == 0.3
     assert round((gaps[1].first_start - gaps[1].first_enqueue).total_seconds(), 3) == 0.01
     f = summary(gaps)
@@ -39,7 +40,7 @@ def test_one_row_a_run_and_a_run_without_tracing_is_refused(tmp_path, capsys):
     (tmp_path / "server.log").write_text(SERVER_LOG)
     (tmp_path / "train.log").write_text(TRAIN_LOG)
     main([f"t={tmp_path}"])
-    assert capsys.readouterr().out.splitlines()[-1] == "| t | 2 | 3.2 | 1 | 1.5 | 1 | 1.7 | 0 | 0.300 | 0.010 | 1.390 | 2.5 | 5.5 |"
+    assert capsys.readouterr().out.splitlines()[-1] == "| t | 2 | 3.2 | 1 | 1.5 | 1 | 1.7 | 0 | 0.300 | 0.010 | 1.390 | 1.5 | 3 | 1 |"
     (tmp_path / "train.log").write_text("(AReaL) 20261205-06:00:02.800 StatsLogger INFO: Train step 1/9 done.\n")
     with pytest.raises(SystemExit) as refused:
         main([f"t={tmp_path}"])

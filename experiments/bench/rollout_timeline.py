@@ -10,13 +10,16 @@ waits in it), submits (once the staleness bound and the pause allow) and its tas
 each with the dispatcher's counts. The server's idle gaps are pause_windows' (over 0.3 s between
 two batches: it had nothing to run). For each gap this finds the trainer's phase at its start
 (waiting for rollouts: from the end of a step to the next step's advantages; otherwise training
-or pushing) and what the client did before the gap ended. Prints one Markdown row per run:
+or pushing; at the gap's middle) and what the client did before the gap ended. Prints one Markdown row per run:
 - gaps while the trainer trained or pushed, and while it waited for rollouts;
 - of the latter, how many saw no rollout enqueued before they ended, and for the others the
   median seconds from the gap's start to the first enqueue, from there to the first start, and
   from that start to the gap's end (the server's next batch);
-- the dispatcher's counts at the gaps' starts (medians): rollouts enqueued and not yet
-  submitted, and running.
+- the dispatcher's counts at the gaps' middles (medians; its lines come a few milliseconds
+  after the server's): rollouts enqueued and not yet submitted, and running; and in how many
+  gaps rollouts were enqueued and none running:
+  the dispatcher held them (AReaL's staleness bound, `rollout.max_head_offpolicyness`, or the
+  trainer's pause for a push), since an enqueued rollout starts within milliseconds otherwise.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 from experiments.bench.pause_windows import median, read_server_log
 
 AREAL_STAMP = r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) "
-COUNTS = re.compile(AREAL_STAMP + r".*?(Enqueue|Submit) rollout\. enqueued: (\d+), running: (\d+), "
+COUNTS = re.compile(AREAL_STAMP + r".*?(Enqueue|Submit|Finish and accept|Finish but reject) rollout\. enqueued: (\d+), running: (\d+), "
                                   r"accepted: (\d+), rejected: (\d+)")
 STARTED = re.compile(AREAL_STAMP + r".*AsyncTaskRunner: Submitted task")
 STEP_DONE = re.compile(AREAL_STAMP + r".*Train step \d+/\d+ done")
@@ -45,10 +48,10 @@ def areal_time(stamp: str) -> datetime:
 class Gap:
     start: datetime
     end: datetime
-    waiting: bool  # the trainer was waiting for rollouts at the gap's start
+    waiting: bool  # the trainer was waiting for rollouts at the gap's middle
     first_enqueue: datetime | None  # the first rollout enqueued in the gap
     first_start: datetime | None  # the first rollout the task runner started after that, in the gap
-    pending: int  # the dispatcher's counts at the start: enqueued, not yet submitted
+    pending: int  # the dispatcher's counts at the gap's middle: enqueued, not yet submitted
     running: int
 
 
@@ -69,8 +72,9 @@ def read_run(server_log: str, train_log: str) -> list[Gap]:
             marks.append((areal_time(m.group(1)), False))
     gaps = []
     for start, end in read_server_log(server_log).idle_gaps:
-        before = [waiting for t, waiting in marks if t <= start]
-        state = [(pending, running) for t, pending, running in counts if t <= start]
+        middle = start + (end - start) / 2
+        before = [waiting for t, waiting in marks if t <= middle]
+        state = [(pending, running) for t, pending, running in counts if t <= middle]
         first_enqueue = next((t for t in enqueued if start <= t < end), None)
         first_start = next((t for t in started if first_enqueue is not None and first_enqueue <= t < end), None)
         pending, running = state[-1] if state else (0, 0)
@@ -96,21 +100,22 @@ def summary(gaps: list[Gap]) -> dict:
         "start_to_gap_end_median_s": round(median([(g.end - g.first_start).total_seconds() for g in started]), 3),
         "pending_at_start_median": median([g.pending for g in gaps]),
         "running_at_start_median": median([g.running for g in gaps]),
+        "held_gaps": sum(g.pending > 0 and g.running == 0 for g in gaps),
     }  # fmt: skip
 
 
 def table(runs: dict[str, list[Gap]]) -> str:
     rows = ["| run | idle gaps | idle (s) | while training or pushing: gaps | s | while waiting for rollouts: gaps | s "
             "| of those, none enqueued before the gap ended | gap start to first enqueue, median (s) "
-            "| first enqueue to first start, median (s) | first start to the gap's end, median (s) | at a gap's start, median: enqueued not submitted | running |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| first enqueue to first start, median (s) | first start to the gap's end, median (s) | in a gap, median: enqueued not submitted | running | gaps with rollouts enqueued, none running |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, gaps in runs.items():
         f = summary(gaps)
         rows.append(f"| {label} | {f['gaps']} | {f['idle_s']:.1f} | {f['training_gaps']} | {f['training_idle_s']:.1f} "
                     f"| {f['waiting_gaps']} | {f['waiting_idle_s']:.1f} | {f['waiting_gaps_nothing_enqueued']} "
                     f"| {f['to_first_enqueue_median_s']:.3f} | {f['enqueue_to_start_median_s']:.3f} "
                     f"| {f['start_to_gap_end_median_s']:.3f} "
-                    f"| {f['pending_at_start_median']:g} | {f['running_at_start_median']:g} |")  # fmt: skip
+                    f"| {f['pending_at_start_median']:g} | {f['running_at_start_median']:g} | {f['held_gaps']} |")  # fmt: skip
     return "\n".join(rows)
 
 
