@@ -41,6 +41,10 @@ def test_one_row_a_run_and_a_run_without_tracing_is_refused(tmp_path, capsys):
     (tmp_path / "train.log").write_text(TRAIN_LOG)
     main([f"t={tmp_path}"])
     assert capsys.readouterr().out.splitlines()[-1] == "| t | 2 | 3.2 | 1 | 1.5 | 1 | 1.7 | 0 | 0.300 | 0.010 | 1.390 | 1.5 | 3 | 1 |"
+    (tmp_path / "server.log").unlink()  # a CPU demo's run folder: one log holds both
+    (tmp_path / "train.log").write_text(SERVER_LOG + TRAIN_LOG)
+    main([f"t={tmp_path}"])
+    assert capsys.readouterr().out.splitlines()[-1].startswith("| t | 2 | 3.2 | 1 | 1.5 | 1 | 1.7 |")
     (tmp_path / "train.log").write_text("(AReaL) 20261205-06:00:02.800 StatsLogger INFO: Train step 1/9 done.\n")
     with pytest.raises(SystemExit) as refused:
         main([f"t={tmp_path}"])

@@ -3,8 +3,8 @@
     python3 -m experiments.bench.rollout_timeline LABEL=RUN_FOLDER [LABEL=RUN_FOLDER ...]
 
 RUN_FOLDER is a run's work folder (`experiments/learning_run.py`'s or
-`experiments/time_to_accuracy.py`'s `--work`): the dev server's `server.log` beside the
-trainer's `train.log`, the run made with `--set rollout.enable_rollout_tracing=true`. With it
+`experiments/time_to_accuracy.py`'s `--work`: the dev server's `server.log` beside the
+trainer's `train.log`) or a CPU demo's `--run-dir` (one `train.log` holds both), the run made with `--set rollout.enable_rollout_tracing=true`. With it
 AReaL's dispatcher logs every rollout it enqueues (only `prepare_batch` does, while the trainer
 waits in it), submits (once the staleness bound and the pause allow) and its task runner starts,
 each with the dispatcher's counts. The server's idle gaps are pause_windows' (over 0.3 s between
@@ -126,13 +126,14 @@ def main(argv: list[str] | None = None) -> None:
     runs = {}
     for item in args.runs:
         label, sep, folder = item.partition("=")
-        logs = [Path(folder) / "server.log", Path(folder) / "train.log"]
-        if not sep or not all(log.is_file() for log in logs):
-            parser.error(f"{item!r}: give LABEL=FOLDER, FOLDER a run's work folder with server.log and train.log")
-        train_log = logs[1].read_text(errors="replace")
-        if not COUNTS.search(train_log):
-            parser.error(f"{logs[1]}: no rollout tracing lines; run with --set rollout.enable_rollout_tracing=true")
-        runs[label] = read_run(logs[0].read_text(errors="replace"), train_log)
+        server_log, train_log = Path(folder) / "server.log", Path(folder) / "train.log"
+        if not sep or not train_log.is_file():
+            parser.error(f"{item!r}: give LABEL=FOLDER, FOLDER a run's folder with its train.log")
+        trainer = train_log.read_text(errors="replace")
+        if not COUNTS.search(trainer):
+            parser.error(f"{train_log}: no rollout tracing lines; run with rollout.enable_rollout_tracing=true")
+        server = server_log.read_text(errors="replace") if server_log.is_file() else trainer
+        runs[label] = read_run(server, trainer)
     print(table(runs))
 
 
