@@ -15,3 +15,16 @@ def model_folder(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text}: not a Hugging Face model folder (no config.json); "
                                          "make one with python3 -m devkit.make_tiny_model --preset tiny --out DIR")
     return path
+
+
+def labelled(what: str, inside: str | None = None):
+    """An argparse type for LABEL=PATH, PATH being `what` (a folder holding the file `inside`,
+    when given, else a file): (label, PATH), or one line saying what to give."""
+
+    def parse(text: str) -> tuple[str, Path]:
+        label, sep, path = text.partition("=")
+        if not sep or not (Path(path) / inside if inside else Path(path)).is_file():
+            raise argparse.ArgumentTypeError(f"{text!r}: give LABEL=PATH, PATH {what}")
+        return label, Path(path)
+
+    return parse

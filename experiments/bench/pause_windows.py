@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from experiments.bench import labelled
+
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) dev_server\[\d+\] INFO "
 PAUSED = re.compile(STAMP + r"generation paused")
 CONTINUED = re.compile(STAMP + r"generation continued")
@@ -167,15 +169,9 @@ def run_logs(server_log: Path, since: int = 0) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("logs", nargs="+", metavar="LABEL=SERVER_LOG")
+    parser.add_argument("logs", nargs="+", metavar="LABEL=SERVER_LOG", type=labelled("a dev server log that exists"))
     args = parser.parse_args(argv)
-    logs = {}
-    for item in args.logs:
-        label, sep, path = item.partition("=")
-        if not sep or not Path(path).is_file():
-            parser.error(f"{item!r}: give LABEL=PATH, PATH a dev server log that exists")
-        logs[label] = read_server_log(run_logs(Path(path)))
-    print(table(logs))
+    print(table({label: read_server_log(run_logs(path)) for label, path in args.logs}))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from experiments.bench import labelled
 from experiments.bench.pause_windows import median, read_server_log
 
 AREAL_STAMP = r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) "
@@ -121,14 +122,12 @@ def table(runs: dict[str, list[Gap]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="LABEL=RUN_FOLDER")
+    parser.add_argument("runs", nargs="+", metavar="LABEL=RUN_FOLDER",
+                        type=labelled("a run's folder with its train.log", inside="train.log"))
     args = parser.parse_args(argv)
     runs = {}
-    for item in args.runs:
-        label, sep, folder = item.partition("=")
-        server_log, train_log = Path(folder) / "server.log", Path(folder) / "train.log"
-        if not sep or not train_log.is_file():
-            parser.error(f"{item!r}: give LABEL=FOLDER, FOLDER a run's folder with its train.log")
+    for label, folder in args.runs:
+        server_log, train_log = folder / "server.log", folder / "train.log"
         trainer = train_log.read_text(errors="replace")
         if not COUNTS.search(trainer):
             parser.error(f"{train_log}: no rollout tracing lines; run with rollout.enable_rollout_tracing=true")
