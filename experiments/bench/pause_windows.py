@@ -8,8 +8,8 @@ continues (areal_patches/pause_at_load.py says when). The dev server logs each o
 every finished batch with its timestamp, so its log alone tells how long each push kept
 generation paused, how long the server then sat idle before its next batch (interrupted
 rollouts wait for the trainer's resume: areal_patches/resume_poll.py), what share of the run it
-was busy and for how long it sat idle between batches (gaps over 0.3 s: the trainer had sent
-nothing to run), how many tokens it generated and in batches of how many rows, and how long its own
+was busy and for how long it sat idle between batches (gaps over 0.3 s: no request had reached
+it), how many tokens it generated and in batches of how many rows, and how long its own
 load of each push took. A log is the dev server's
 own (`experiments/learning_run.py`'s `server.log`) or a run's `rollout.log` (lines may carry a
 `[rollout] ` prefix). A single controller's rollout log also holds the worker's lines, so the
@@ -99,8 +99,7 @@ def read_server_log(text: str) -> ServerLog:
             last_end = end
             aborted += sum(int(n) for kind, n in (part.split(":") for part in m.group(6).split(",")) if kind == "abort")
             if continued_at is not None:
-                started = (when(m.group(1)) - continued_at).total_seconds() - float(m.group(5))
-                idle_after.append(max(started, 0.0))
+                idle_after.append(max((start - continued_at).total_seconds(), 0.0))
                 continued_at = None
     seconds = (stamps[-1] - stamps[0]).total_seconds() if stamps else 0.0
     return ServerLog(pauses, loads, load_waits, record_waits, idle_after, busy, idle_gaps, tokens, rows, aborted, seconds,
