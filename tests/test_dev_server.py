@@ -263,7 +263,7 @@ def test_update_weights_from_disk(server, hf, alt_model_dir, tiny_model_dir, pro
 # ----------------------------------------------------------------------------- AReaL client
 
 
-def remote_engine(server, trial_name: str):
+def remote_engine(server, trial_name: str, **config_overrides):
     """AReaL's SGLang client, initialised against the dev server."""
     areal_engine = pytest.importorskip("areal.engine")
     from areal.api.cli_args import InferenceEngineConfig
@@ -271,7 +271,7 @@ def remote_engine(server, trial_name: str):
     config = InferenceEngineConfig(
         experiment_name="test-dev-server", trial_name=trial_name, backend="sglang:d1",
         setup_timeout=30, request_timeout=120, pause_grace_period=0.0,
-        max_concurrent_rollouts=8, consumer_batch_size=1,
+        max_concurrent_rollouts=8, consumer_batch_size=1, **config_overrides,
     )
     engine = areal_engine.RemoteSGLangEngine(config)
     engine.initialize(addr=server.addr)
@@ -364,9 +364,12 @@ def upstream_resends(monkeypatch):
     from areal.infra import remote_inf_engine
     from areal.infra.workflow_executor import WorkflowExecutor
 
+    from areal.infra.async_task_runner import AsyncTaskRunner
+
     monkeypatch.setattr(remote_inf_engine, "asyncio", asyncio)
     for owner, name in [(remote_inf_engine.RemoteInfEngine, "pause"), (remote_inf_engine.RemoteInfEngine, "pause_generation"),
-                        (remote_inf_engine.RemoteInfEngine, "set_version"), (WorkflowExecutor, "is_paused")]:  # fmt: skip
+                        (remote_inf_engine.RemoteInfEngine, "set_version"), (WorkflowExecutor, "is_paused"),
+                        (AsyncTaskRunner, "__init__")]:  # fmt: skip
         original = getattr(owner, name)
         monkeypatch.setattr(owner, name, getattr(original, "__wrapped__", original))
 
@@ -387,6 +390,52 @@ def test_resume_poll_resends_it_within_20_ms_of_the_resume(server, prompts, upst
     assert isinstance(remote_inf_engine.asyncio, resume_poll.CappedSleep)
     asked = resend_after_resume(server, prompts[0])
     assert len(asked) >= 10 and max(asked) == resume_poll.POLL_SECONDS  # polled through the 0.3 s
+
+
+def start_after_resume(server) -> float:
+    """Seconds from the trainer's resume of AReaL's dispatcher to the start of a rollout queued
+    while it was paused, with another rollout running through the pause (as rollouts do through
+    a weight push); the resume comes 0.6 s after the pause."""
+    from areal.api import RolloutWorkflow
+
+    class Timed(RolloutWorkflow):
+        """Notes when each episode starts, then waits `data["seconds"]`: what is tested is when
+        AReaL's dispatcher starts it, not what it generates."""
+
+        def __init__(self):
+            self.started = {}
+
+        async def arun_episode(self, engine, data):
+            self.started[data["name"]] = time.perf_counter()
+            await asyncio.sleep(data["seconds"])
+            return {"rewards": torch.tensor([1.0])}
+
+    engine = remote_engine(server, "runner", max_head_offpolicyness=8)  # the staleness bound holds nothing
+    workflow = Timed()
+    try:
+        engine.submit({"name": "running", "seconds": 2.0}, workflow=workflow)
+        wait_until(lambda: "running" in workflow.started, what="a rollout running")
+        engine.pause()
+        engine.submit({"name": "queued", "seconds": 0.0}, workflow=workflow)
+        time.sleep(0.6)
+        resumed = time.perf_counter()
+        engine.resume()
+        engine.wait(count=2, timeout=30)
+    finally:
+        engine.destroy()
+    return workflow.started["queued"] - resumed
+
+
+def test_areal_starts_new_rollouts_on_a_half_second_poll_after_a_resume(server, upstream_resends):
+    """The premise of resume_poll's runner poll: paused, AReaL's runner sleeps 0.5 s at a time."""
+    assert start_after_resume(server) > 0.25
+
+
+def test_resume_poll_starts_them_within_20_ms_of_the_resume(server, upstream_resends):
+    from areal_patches import resume_poll
+
+    resume_poll.install()
+    assert start_after_resume(server) < 0.15
 
 
 def interrupt_by_a_push(server, prompt, new_version: bool):

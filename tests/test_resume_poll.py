@@ -1,8 +1,9 @@
 """areal_patches/resume_poll: applied only where AReaL's source still holds the one 0.5 s poll,
-as the one check of the dispatcher's pause.
+as the one check of the dispatcher's pause; the dispatcher's runner polls at most 20 ms.
 
-The resends themselves are exercised through AReaL's real RemoteSGLangEngine and the dev server
-in tests/test_dev_server.py; these check the guard and the stand-in, without a server.
+The resends and the runner's starts are exercised through AReaL's real RemoteSGLangEngine and
+the dev server in tests/test_dev_server.py; these check the guards and the stand-in, without a
+server.
 """
 
 import asyncio
@@ -38,6 +39,33 @@ def test_the_guard_says_so_in_one_line_and_changes_nothing(monkeypatch, caplog):
     assert remote_inf_engine.asyncio is asyncio and WorkflowExecutor.is_paused is is_paused
     assert all(getattr(remote_inf_engine.RemoteInfEngine, name) is method for name, method in before.items())
     assert len(caplog.records) == 1 and "not applied" in caplog.records[0].getMessage()
+
+
+def test_a_runner_made_after_install_polls_at_most_20_ms(monkeypatch):
+    from areal.infra.async_task_runner import AsyncTaskRunner
+
+    monkeypatch.setattr(AsyncTaskRunner, "__init__", getattr(AsyncTaskRunner.__init__, "__wrapped__", AsyncTaskRunner.__init__))
+    assert AsyncTaskRunner(max_queue_size=4).poll_sleep_time == 0.5  # upstream's
+    resume_poll.install()
+    resume_poll.install()  # idempotent
+    assert AsyncTaskRunner(max_queue_size=4).poll_sleep_time == resume_poll.POLL_SECONDS
+    assert AsyncTaskRunner(max_queue_size=4, poll_sleep_time=0.001).poll_sleep_time == 0.001  # a shorter one stays
+
+
+def test_a_runner_without_the_poll_is_left_alone_with_one_line(monkeypatch, caplog):
+    from areal.infra.async_task_runner import AsyncTaskRunner
+
+    upstream = getattr(AsyncTaskRunner.__init__, "__wrapped__", AsyncTaskRunner.__init__)
+
+    def renamed(self, max_queue_size, idle_wait=0.5):
+        upstream(self, max_queue_size)
+
+    monkeypatch.setattr(AsyncTaskRunner, "__init__", renamed)
+    monkeypatch.setattr(remote_inf_engine, "asyncio", resume_poll.CappedSleep(resume_poll.POLL_SECONDS))  # resends done
+    with caplog.at_level(logging.WARNING, logger="areal_patches"):
+        resume_poll.install()
+    assert AsyncTaskRunner.__init__ is renamed
+    assert len(caplog.records) == 1 and "left as upstream's" in caplog.records[0].getMessage()
 
 
 def test_the_stand_in_caps_sleep_and_is_asyncio_otherwise():
