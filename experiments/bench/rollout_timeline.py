@@ -4,7 +4,9 @@
 
 RUN_FOLDER is a run's work folder (`experiments/learning_run.py`'s or
 `experiments/time_to_accuracy.py`'s `--work`: the dev server's `server.log` beside the
-trainer's `train.log`) or a CPU demo's `--run-dir` (one `train.log` holds both), the run made with `--set rollout.enable_rollout_tracing=true`. With it
+trainer's `train.log`) or a CPU demo's `--run-dir` (one `train.log` holds both), best made with
+`--set rollout.enable_rollout_tracing=true`; a run without it gets the gaps and the trainer's
+phases, and "-" where the client's doings would be. With it
 AReaL's dispatcher logs every rollout it enqueues (only `prepare_batch` does, while the trainer
 waits in it), submits (once the staleness bound and the pause allow) and its task runner starts,
 each with the dispatcher's counts. The server's idle gaps are pause_windows' (over 0.3 s between
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -105,18 +108,20 @@ def summary(gaps: list[Gap]) -> dict:
     }  # fmt: skip
 
 
-def table(runs: dict[str, list[Gap]]) -> str:
+def table(runs: dict[str, tuple[list[Gap], bool]]) -> str:
+    """One row a run; `runs` maps a label to its gaps and whether the run was traced."""
     rows = ["| run | idle gaps | idle (s) | while training or pushing: gaps | s | while waiting for rollouts: gaps | s "
             "| of those, none enqueued before the gap ended | gap start to first enqueue, median (s) "
             "| first enqueue to first start, median (s) | first start to the gap's end, median (s) | in a gap, median: enqueued not submitted | running | gaps with rollouts enqueued, none running |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for label, gaps in runs.items():
+    for label, (gaps, traced) in runs.items():
         f = summary(gaps)
+        client = (f"| {f['waiting_gaps_nothing_enqueued']} | {f['to_first_enqueue_median_s']:.3f} "
+                  f"| {f['enqueue_to_start_median_s']:.3f} | {f['start_to_gap_end_median_s']:.3f} "
+                  f"| {f['pending_at_start_median']:g} | {f['running_at_start_median']:g} | {f['held_gaps']} |"
+                  if traced else "| - | - | - | - | - | - | - |")  # fmt: skip
         rows.append(f"| {label} | {f['gaps']} | {f['idle_s']:.1f} | {f['training_gaps']} | {f['training_idle_s']:.1f} "
-                    f"| {f['waiting_gaps']} | {f['waiting_idle_s']:.1f} | {f['waiting_gaps_nothing_enqueued']} "
-                    f"| {f['to_first_enqueue_median_s']:.3f} | {f['enqueue_to_start_median_s']:.3f} "
-                    f"| {f['start_to_gap_end_median_s']:.3f} "
-                    f"| {f['pending_at_start_median']:g} | {f['running_at_start_median']:g} | {f['held_gaps']} |")  # fmt: skip
+                    f"| {f['waiting_gaps']} | {f['waiting_idle_s']:.1f} {client}")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -129,10 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     for label, folder in args.runs:
         server_log, train_log = folder / "server.log", folder / "train.log"
         trainer = train_log.read_text(errors="replace")
-        if not COUNTS.search(trainer):
-            parser.error(f"{train_log}: no rollout tracing lines; run with rollout.enable_rollout_tracing=true")
+        traced = bool(COUNTS.search(trainer))
+        if not traced:
+            print(f"{train_log}: no rollout tracing lines (rollout.enable_rollout_tracing=true): "
+                  "the client's columns are left empty", file=sys.stderr)
         server = server_log.read_text(errors="replace") if server_log.is_file() else trainer
-        runs[label] = read_run(server, trainer)
+        runs[label] = read_run(server, trainer), traced
     print(table(runs))
 
 
