@@ -11,6 +11,7 @@ SGLang rollouts, disk weight pushes, saver, recover handler, evaluator, stats lo
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import uuid
@@ -50,12 +51,18 @@ class CountDownWorkflow(RolloutWorkflow):
             tokenizer = load_hf_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer).new(n_samples=1)
+        # A group's episodes share their puzzle: its prompt is rendered and encoded once.
+        self.encoded_prompt = functools.lru_cache(maxsize=1024)(self.encode_prompt)
+
+    def encode_prompt(self, conversation: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
+        messages = [{"role": role, "content": content} for role, content in conversation]
+        return tuple(countdown.prompt_token_ids(self.tokenizer, messages))
 
     async def arun_episode(self, engine: InferenceEngine, data: dict) -> dict:
-        prompt_ids = countdown.prompt_token_ids(self.tokenizer, data["messages"])
+        conversation = tuple((m["role"], m["content"]) for m in data["messages"])
         request = ModelRequest(
             rid=uuid.uuid4().hex,
-            input_ids=prompt_ids,
+            input_ids=list(self.encoded_prompt(conversation)),
             gconfig=self.gconfig,
             tokenizer=self.tokenizer,
         )

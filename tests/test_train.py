@@ -391,3 +391,33 @@ def test_the_workflow_rewards_each_completion_with_compute_score(tiny_model_dir)
     rewards = [asyncio.run(workflow.arun_episode(engine, ROW))["rewards"].item() for _ in ANSWERS]
     assert [compute_score(completion, ROW) for completion in ANSWERS] == list(ANSWERS.values())
     assert rewards == pytest.approx(list(ANSWERS.values()))  # the trajectory's float32 reward
+
+
+def test_a_groups_episodes_render_their_puzzles_prompt_once(tiny_model_dir, monkeypatch):
+    import asyncio
+
+    from areal.api.cli_args import GenerationHyperparameters
+
+    import train
+
+    workflow = train.CountDownWorkflow(GenerationHyperparameters(max_new_tokens=24), str(tiny_model_dir))
+    rendered = []
+    render = workflow.tokenizer.apply_chat_template
+    monkeypatch.setattr(workflow.tokenizer, "apply_chat_template", lambda *a, **k: rendered.append(1) or render(*a, **k))
+    other = {**ROW, "messages": [{"role": "user", "content": ROW["messages"][-1]["content"] + " "}]}
+    puzzles = [ROW] * 4 + [other] * 2
+    engine = ScriptedEngine(workflow.tokenizer, list(ANSWERS)[:1] * len(puzzles))
+    sent = []
+    generate = engine.agenerate
+
+    async def agenerate(request):
+        sent.append(request.input_ids)
+        request.input_ids.append(0)  # a request's ids are its own: changing them changes no other's
+        return await generate(request)
+
+    engine.agenerate = agenerate
+    for puzzle in puzzles:
+        asyncio.run(workflow.arun_episode(engine, puzzle))
+    assert len(rendered) == 2
+    assert [ids[:-1] for ids in sent[:4]] == [countdown.prompt_token_ids(workflow.tokenizer, ROW["messages"])] * 4
+    assert sent[4][:-1] == countdown.prompt_token_ids(workflow.tokenizer, other["messages"]) != sent[0][:-1]
