@@ -28,6 +28,7 @@ Speed-ups: the same results, sooner.
 |---|---|---|---|
 | `weight_push` | the rollout client polls for new weights once a second, plus a random 0-100 ms, during a disk push | the push stops idling a second per step; the record is seen within 20 ms | `apply(skip={"weight_push"})` |
 | `pause_at_load` | a disk push pauses generation before the trainer saves the new weights, so the servers sit idle through the save | the servers pause only for the load; they go on with their rollouts while the folder is written | `apply(skip={"pause_at_load"})` |
+| `submit_ahead` | rollouts reach the dispatcher only while the trainer waits in `prepare_batch`, at most a batch a round; where generation is fast the first round fills the batch and nothing runs while the trainer trains | when a batch is taken, the dispatcher's queue is topped up to AReaL's limit, and it starts them as the staleness bound allows: the servers generate the next steps' rollouts during the update and push | `apply(skip={"submit_ahead"})` |
 | `fast_save` | each push (and Hugging Face save) gathers the weights into pageable host memory in float32 and casts them on the CPU | cast on the GPU, one copy into reused pinned memory; the same files | `apply(skip={"fast_save"})` |
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `apply(skip={"fast_step"})`; `TORCHDYNAMO_DISABLE=1` for compilation only |
 | `resume_poll` | rollouts a weight push interrupted are resent on a 0.5 s poll once the trainer resumes the dispatcher, at the end of its step; the dispatcher's runner, paused while rollouts run, looks for the resume every 0.5 s, so the next step's first rollouts start 0-0.5 s late | resent within 20 ms of the push's end (the servers loaded, the client's version set); no new rollout starts before the resume, and new ones start within 20 ms of it | `apply(skip={"resume_poll"})` |
@@ -66,13 +67,14 @@ def fixes() -> dict[str, list[ModuleType]]:
     """The fixes by kind, in the order `apply()` applies them."""
     from areal_patches import (callback_pool, clean_exit, data_seed, fast_save, fast_step, fewer_syncs, mask_mapping,
                                packed_sdpa, pause_at_load, port_draw, progress_total, resume_poll, rollout_shutdown,
-                               rollout_stats, server_start, slurm_container, slurm_job_exit, task_callback,
-                               wandb_offline, weight_push)
+                               rollout_stats, server_start, slurm_container, slurm_job_exit, submit_ahead,
+                               task_callback, wandb_offline, weight_push)
 
     return {
         "bug fixes": [packed_sdpa, mask_mapping, server_start, clean_exit, progress_total, data_seed, rollout_stats,
                       slurm_container, slurm_job_exit, port_draw, task_callback, rollout_shutdown, wandb_offline],
-        "speed-ups": [weight_push, pause_at_load, resume_poll, fast_save, fast_step, callback_pool, fewer_syncs],
+        "speed-ups": [weight_push, pause_at_load, resume_poll, submit_ahead, fast_save, fast_step, callback_pool,
+                      fewer_syncs],
     }
 
 

@@ -268,11 +268,10 @@ def remote_engine(server, trial_name: str, **config_overrides):
     areal_engine = pytest.importorskip("areal.engine")
     from areal.api.cli_args import InferenceEngineConfig
 
-    config = InferenceEngineConfig(
-        experiment_name="test-dev-server", trial_name=trial_name, backend="sglang:d1",
-        setup_timeout=30, request_timeout=120, pause_grace_period=0.0,
-        max_concurrent_rollouts=8, consumer_batch_size=1, **config_overrides,
-    )
+    settings = dict(experiment_name="test-dev-server", trial_name=trial_name, backend="sglang:d1",
+                    setup_timeout=30, request_timeout=120, pause_grace_period=0.0,
+                    max_concurrent_rollouts=8, consumer_batch_size=1)  # fmt: skip
+    config = InferenceEngineConfig(**{**settings, **config_overrides})
     engine = areal_engine.RemoteSGLangEngine(config)
     engine.initialize(addr=server.addr)
     return engine
@@ -436,6 +435,57 @@ def test_resume_poll_starts_them_within_20_ms_of_the_resume(server, upstream_res
 
     resume_poll.install()
     assert start_after_resume(server) < 0.15
+
+
+def wait_for_the_second_batch(server, offpolicyness: int) -> float:
+    """Seconds AReaL's prepare_batch takes to return a trainer's second batch (2 rollouts of
+    0.3 s each) after 0.5 s of training and a push (version 1) that followed its first."""
+    from areal.api import RolloutWorkflow
+
+    class Slow(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            await asyncio.sleep(0.3)
+            return {"rewards": torch.tensor([1.0])}
+
+    class Batches(list):  # what prepare_batch reads of a dataloader: its batches and their size
+        batch_size = 2
+
+    engine = remote_engine(server, f"ahead{offpolicyness}", consumer_batch_size=2, max_head_offpolicyness=offpolicyness)
+    batches = Batches([[{"i": 2 * b}, {"i": 2 * b + 1}] for b in range(20)])
+    try:
+        assert len(engine.prepare_batch(batches, workflow=Slow())) == 2
+        time.sleep(0.5)  # the trainer trains
+        engine.pause()
+        engine.set_version(1)  # and pushes
+        engine.resume()
+        started = time.perf_counter()
+        assert len(engine.prepare_batch(batches, workflow=Slow())) == 2
+        return time.perf_counter() - started
+    finally:
+        engine.destroy()
+
+
+@pytest.fixture
+def upstream_dispatcher(monkeypatch):
+    """AReaL's own prepare_batch rounds for the test, whatever ran before in this process."""
+    from areal.infra.workflow_executor import BatchTaskDispatcher
+
+    original = BatchTaskDispatcher.active_submit_and_wait
+    monkeypatch.setattr(BatchTaskDispatcher, "active_submit_and_wait", getattr(original, "__wrapped__", original))
+
+
+def test_areal_starts_the_next_batch_only_when_the_trainer_asks_for_it(server, upstream_dispatcher):
+    """The premise of areal_patches/submit_ahead: nothing runs while the trainer trains."""
+    assert wait_for_the_second_batch(server, offpolicyness=2) > 0.2
+
+
+def test_submit_ahead_runs_it_while_the_trainer_trains_and_never_beyond_the_bound(server, upstream_dispatcher):
+    from areal_patches import submit_ahead
+
+    submit_ahead.install()
+    submit_ahead.install()  # idempotent
+    assert wait_for_the_second_batch(server, offpolicyness=2) < 0.1
+    assert wait_for_the_second_batch(server, offpolicyness=0) > 0.2  # synchronous: the bound holds it
 
 
 def interrupt_by_a_push(server, prompt, new_version: bool):
