@@ -261,9 +261,10 @@ def grpo_phase(args: argparse.Namespace, stop: threading.Event | None = None) ->
         # the model for the next call's --init.
         saved_step = keep_final_model(run_dir, args.work / "final_model") if args.save_every else None
         before = evaluation.result()
-        if stopped:  # the stopped trainer may have left the server paused, or busy with its rollouts
-            http_json(addr, "/abort_request", {"abort_all": True})
-            http_json(addr, "/continue_generation", {})
+        # The trainer, stopped or done, may have left the server paused, or busy with the
+        # rollouts it started ahead: none of them is wanted now.
+        http_json(addr, "/abort_request", {"abort_all": True})
+        http_json(addr, "/continue_generation", {})
         served = http_json(addr, "/get_weight_version")["weight_version"]
         after = evaluate(addr, model, args, args.work / "eval_after")
     run([sys.executable, "plot.py", str(run_dir / "logs" / "tensorboard"), "--out", str(args.work / "curves.png")])
