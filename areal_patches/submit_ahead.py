@@ -17,8 +17,8 @@ may; the dispatcher starts them as upstream does, when the staleness bound lets 
 (`accepted + running <= (offpolicyness + version + 1) x batch`) and the trainer has not paused
 it. So no rollout is staler than the bound allows, and tokens keep the version that made them.
 Puzzles leave the data loader up to (offpolicyness + 1) batches before they are trained on, as
-upstream's rounds may let them already; their order is unchanged. With `max_head_offpolicyness=0` the bound lets nothing start before the next step,
-as upstream.
+upstream's rounds may let them already; their order is unchanged. With
+`max_head_offpolicyness=0` the bound lets nothing start before the next step, as upstream.
 
 Applied only where `active_submit_and_wait`'s source still holds upstream's one-batch cap and the
 dispatcher its queue of inputs (`_pending_inputs`, `_input_cv`); otherwise one line says so and
@@ -52,16 +52,13 @@ def room_for_more(dispatcher, batch_size: int) -> int:
     return min(below_limit, runner.max_queue_size - (runner.get_input_queue_size() + batch_size))
 
 
-def top_up(dispatcher, inputs: Iterator, batch_size: int) -> int:
-    """Queue rollouts from `inputs` until the dispatcher has no room for more; how many it queued."""
-    queued = 0
+def top_up(dispatcher, inputs: Iterator, batch_size: int) -> None:
+    """Queue rollouts from `inputs` until the dispatcher has no room for more."""
     for _ in range(max(0, room_for_more(dispatcher, batch_size))):
         try:
             dispatcher.submit_task_input(next(inputs))
         except StopIteration:  # a finite generator: upstream's next round says so
-            break
-        queued += 1
-    return queued
+            return
 
 
 def submitting_ahead(original):

@@ -361,9 +361,8 @@ def resend_after_resume(server, prompt) -> list[float]:
 def upstream_resends(monkeypatch):
     """AReaL's own resend wait for the test, whatever ran before in this process; restored after."""
     from areal.infra import remote_inf_engine
-    from areal.infra.workflow_executor import WorkflowExecutor
-
     from areal.infra.async_task_runner import AsyncTaskRunner
+    from areal.infra.workflow_executor import WorkflowExecutor
 
     monkeypatch.setattr(remote_inf_engine, "asyncio", asyncio)
     for owner, name in [(remote_inf_engine.RemoteInfEngine, "pause"), (remote_inf_engine.RemoteInfEngine, "pause_generation"),
@@ -391,16 +390,13 @@ def test_resume_poll_resends_it_within_20_ms_of_the_resume(server, prompts, upst
     assert len(asked) >= 10 and max(asked) == resume_poll.POLL_SECONDS  # polled through the 0.3 s
 
 
-def start_after_resume(server) -> float:
-    """Seconds from the trainer's resume of AReaL's dispatcher to the start of a rollout queued
-    while it was paused, with another rollout running through the pause (as rollouts do through
-    a weight push); the resume comes 0.6 s after the pause."""
+def timed_workflow():
+    """An AReaL rollout workflow that notes when each episode starts (`.started[data["name"]]`),
+    then waits `data["seconds"]`: what the tests using it check is when AReaL's dispatcher starts
+    an episode, not what it generates."""
     from areal.api import RolloutWorkflow
 
     class Timed(RolloutWorkflow):
-        """Notes when each episode starts, then waits `data["seconds"]`: what is tested is when
-        AReaL's dispatcher starts it, not what it generates."""
-
         def __init__(self):
             self.started = {}
 
@@ -409,8 +405,15 @@ def start_after_resume(server) -> float:
             await asyncio.sleep(data["seconds"])
             return {"rewards": torch.tensor([1.0])}
 
+    return Timed()
+
+
+def start_after_resume(server) -> float:
+    """Seconds from the trainer's resume of AReaL's dispatcher to the start of a rollout queued
+    while it was paused, with another rollout running through the pause (as rollouts do through
+    a weight push); the resume comes 0.6 s after the pause."""
     engine = remote_engine(server, "runner", max_head_offpolicyness=8)  # the staleness bound holds nothing
-    workflow = Timed()
+    workflow = timed_workflow()
     try:
         engine.submit({"name": "running", "seconds": 2.0}, workflow=workflow)
         wait_until(lambda: "running" in workflow.started, what="a rollout running")
@@ -440,26 +443,21 @@ def test_resume_poll_starts_them_within_20_ms_of_the_resume(server, upstream_res
 def wait_for_the_second_batch(server, offpolicyness: int) -> float:
     """Seconds AReaL's prepare_batch takes to return a trainer's second batch (2 rollouts of
     0.3 s each) after 0.5 s of training and a push (version 1) that followed its first."""
-    from areal.api import RolloutWorkflow
-
-    class Slow(RolloutWorkflow):
-        async def arun_episode(self, engine, data):
-            await asyncio.sleep(0.3)
-            return {"rewards": torch.tensor([1.0])}
 
     class Batches(list):  # what prepare_batch reads of a dataloader: its batches and their size
         batch_size = 2
 
     engine = remote_engine(server, f"ahead{offpolicyness}", consumer_batch_size=2, max_head_offpolicyness=offpolicyness)
-    batches = Batches([[{"i": 2 * b}, {"i": 2 * b + 1}] for b in range(20)])
+    batches = Batches([[{"name": i, "seconds": 0.3} for i in (2 * b, 2 * b + 1)] for b in range(20)])
+    workflow = timed_workflow()
     try:
-        assert len(engine.prepare_batch(batches, workflow=Slow())) == 2
+        assert len(engine.prepare_batch(batches, workflow=workflow)) == 2
         time.sleep(0.5)  # the trainer trains
         engine.pause()
         engine.set_version(1)  # and pushes
         engine.resume()
         started = time.perf_counter()
-        assert len(engine.prepare_batch(batches, workflow=Slow())) == 2
+        assert len(engine.prepare_batch(batches, workflow=workflow)) == 2
         return time.perf_counter() - started
     finally:
         engine.destroy()

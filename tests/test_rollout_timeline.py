@@ -1,5 +1,5 @@
 """experiments/bench/rollout_timeline: the dev server's idle gaps, each with the trainer's phase
-at its start and what AReaL's rollout client logged in it (its rollout tracing lines), read from
+at its middle and what AReaL's rollout client logged in it (its rollout tracing lines), read from
 a run folder's server.log and train.log in the formats the dev server and AReaL 1.0.4 write."""
 
 from experiments.bench.rollout_timeline import main, read_run, summary

@@ -10,9 +10,9 @@ phases, and "-" where the client's doings would be. With it
 AReaL's dispatcher logs every rollout it enqueues (only `prepare_batch` does, while the trainer
 waits in it), submits (once the staleness bound and the pause allow) and its task runner starts,
 each with the dispatcher's counts. The server's idle gaps are pause_windows' (over 0.3 s between
-two batches: it had nothing to run). For each gap this finds the trainer's phase at its start
+two batches: it had nothing to run). For each gap this finds the trainer's phase at its middle
 (waiting for rollouts: from the end of a step to the next step's advantages; otherwise training
-or pushing; at the gap's middle) and what the client did before the gap ended. Prints one Markdown row per run:
+or pushing) and what the client did before the gap ended. Prints one Markdown row per run:
 - gaps while the trainer trained or pushed, and while it waited for rollouts;
 - of the latter, how many saw no rollout enqueued before they ended, and for the others the
   median seconds from the gap's start to the first enqueue, from there to the first start, and
@@ -102,8 +102,8 @@ def summary(gaps: list[Gap]) -> dict:
         "to_first_enqueue_median_s": round(median([(g.first_enqueue - g.start).total_seconds() for g in fed]), 3),
         "enqueue_to_start_median_s": round(median([(g.first_start - g.first_enqueue).total_seconds() for g in started]), 3),
         "start_to_gap_end_median_s": round(median([(g.end - g.first_start).total_seconds() for g in started]), 3),
-        "pending_at_start_median": median([g.pending for g in gaps]),
-        "running_at_start_median": median([g.running for g in gaps]),
+        "pending_in_gap_median": median([g.pending for g in gaps]),
+        "running_in_gap_median": median([g.running for g in gaps]),
         "held_gaps": sum(g.pending > 0 and g.running == 0 for g in gaps),
     }  # fmt: skip
 
@@ -118,7 +118,7 @@ def table(runs: dict[str, tuple[list[Gap], bool]]) -> str:
         f = summary(gaps)
         client = (f"| {f['waiting_gaps_nothing_enqueued']} | {f['to_first_enqueue_median_s']:.3f} "
                   f"| {f['enqueue_to_start_median_s']:.3f} | {f['start_to_gap_end_median_s']:.3f} "
-                  f"| {f['pending_at_start_median']:g} | {f['running_at_start_median']:g} | {f['held_gaps']} |"
+                  f"| {f['pending_in_gap_median']:g} | {f['running_in_gap_median']:g} | {f['held_gaps']} |"
                   if traced else "| - | - | - | - | - | - | - |")  # fmt: skip
         rows.append(f"| {label} | {f['gaps']} | {f['idle_s']:.1f} | {f['training_gaps']} | {f['training_idle_s']:.1f} "
                     f"| {f['waiting_gaps']} | {f['waiting_idle_s']:.1f} {client}")  # fmt: skip
