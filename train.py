@@ -22,6 +22,7 @@ if __name__ == "__main__":  # a mistake costs one line, not the slow imports bel
 
     preflight.check_trainer_command("train.py", sys.argv[1:], ("train_dataset.path", "valid_dataset.path"))
 
+import numpy as np
 import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerFast
@@ -87,14 +88,26 @@ def log_episode_stats(data: dict, completion: str, reward: float, completion_len
 
 
 def trajectory(response, reward: float) -> dict[str, torch.Tensor]:
-    """The [1, seqlen] tensors AReaL's actor trains on; the loss covers completion tokens only."""
-    n_prompt, n_out = response.input_len, response.output_len
+    """The [1, seqlen] tensors AReaL's actor trains on; the loss covers completion tokens only.
+
+    Built in numpy: torch reads a Python list several times slower, and the rollout client runs
+    this for every episode, in the trainer's process under the SPMD launchers.
+    """
+    n_prompt = response.input_len
+    length = n_prompt + response.output_len
+    loss_mask = np.zeros(length, dtype=np.int32)
+    loss_mask[n_prompt:] = 1
+    logprobs = np.zeros(length, dtype=np.float32)
+    logprobs[n_prompt:] = response.output_logprobs
+    versions = np.full(length, -1, dtype=np.int64)
+    versions[n_prompt:] = response.output_versions
+    input_ids = np.array(response.input_tokens + response.output_tokens, dtype=np.int64)
     return {
-        "input_ids": torch.tensor([response.input_tokens + response.output_tokens]),
-        "attention_mask": torch.ones(1, n_prompt + n_out, dtype=torch.bool),
-        "loss_mask": torch.tensor([[0] * n_prompt + [1] * n_out], dtype=torch.int32),
-        "logprobs": torch.tensor([[0.0] * n_prompt + list(response.output_logprobs)]),
-        "versions": torch.tensor([[-1] * n_prompt + list(response.output_versions)]),
+        "input_ids": torch.from_numpy(input_ids[None]),
+        "attention_mask": torch.ones(1, length, dtype=torch.bool),
+        "loss_mask": torch.from_numpy(loss_mask[None]),
+        "logprobs": torch.from_numpy(logprobs[None]),
+        "versions": torch.from_numpy(versions[None]),
         "rewards": torch.tensor([float(reward)]),
     }
 

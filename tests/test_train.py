@@ -421,3 +421,18 @@ def test_a_groups_episodes_render_their_puzzles_prompt_once(tiny_model_dir, monk
     assert len(rendered) == 2
     assert [ids[:-1] for ids in sent[:4]] == [countdown.prompt_token_ids(workflow.tokenizer, ROW["messages"])] * 4
     assert sent[4][:-1] == countdown.prompt_token_ids(workflow.tokenizer, other["messages"]) != sent[0][:-1]
+
+
+def test_a_trajectory_masks_the_prompt_and_keeps_the_completions_logprobs_and_versions():
+    import train
+
+    response = SimpleNamespace(input_len=3, output_len=2, input_tokens=[5, 6, 7], output_tokens=[8, 9],
+                               output_logprobs=[-0.25, -1.5], output_versions=[4, 5])
+    traj = train.trajectory(response, 1.0)
+    assert {key: (value.dtype, tuple(value.shape)) for key, value in traj.items()} == {
+        "input_ids": (torch.int64, (1, 5)), "attention_mask": (torch.bool, (1, 5)), "loss_mask": (torch.int32, (1, 5)),
+        "logprobs": (torch.float32, (1, 5)), "versions": (torch.int64, (1, 5)), "rewards": (torch.float32, (1,))}
+    assert traj["input_ids"].tolist() == [[5, 6, 7, 8, 9]] and traj["attention_mask"].all()
+    assert traj["loss_mask"].tolist() == [[0, 0, 0, 1, 1]]
+    assert traj["logprobs"].tolist() == [[0.0, 0.0, 0.0, -0.25, -1.5]]
+    assert traj["versions"].tolist() == [[-1, -1, -1, 4, 5]] and traj["rewards"].tolist() == [1.0]

@@ -2,7 +2,7 @@
 
     python3 -m experiments.bench.rollout_dispatch --model DIR [--device cpu|cuda] [--steps 12]
         [--groups 64] [--group-size 8] [--max-new 96] [--accept 0.6] [--train-seconds 0.7]
-        [--work DIR] [--trace]
+        [--decoder auto|hf|static] [--work DIR] [--trace]
 
 A time-to-accuracy row D step is: `prepare_batch` (the wait for rollouts), the update, the weight
 push. Dynamic sampling (`skip_uniform_groups`) drops each group whose completions all scored the
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="run", help="the row's name in the table")
     parser.add_argument("--device", default="cpu", help="the dev server's device")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--decoder", choices=["auto", "hf", "static"], default="auto",
+                        help="the dev server's decoder (auto: CUDA graphs on a GPU, as in the rows; static on CPU "
+                        "batches continuously as there)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--groups", type=int, default=64, help="puzzles a batch")
     parser.add_argument("--group-size", type=int, default=8)
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     server_log = args.work / "server.log"
     server_log.unlink(missing_ok=True)
     with serve(args.model, device=args.device, dtype=args.dtype, max_batch=2 * args.groups * args.group_size,
-               log_file=server_log, timeout=600) as addr:  # fmt: skip
+               log_file=server_log, timeout=600, extra_args=["--decoder", args.decoder]) as addr:  # fmt: skip
         result = run_steps(addr, args.model, args)
     server = summary(read_server_log(server_log.read_text(errors="replace")))
     (args.work / "result.json").write_text(json.dumps({"args": vars(args) | {"model": str(args.model), "work": str(args.work)},
