@@ -57,3 +57,31 @@ def test_the_bench_fills_every_batch_and_reads_the_servers_log(tiny_model_dir, t
     assert cells[1] == "2" and float(cells[2]) > 0 and float(cells[4]) >= 1  # steps 2-3 timed, a round at least
     assert float(cells[7]) >= 3 * 2  # at least a batch of episodes started each step
     assert (tmp_path / "server.log").is_file() and (tmp_path / "result.json").is_file()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_dead_server_ends_the_bench_with_one_line(tiny_model_dir, tmp_path):
+    import psutil
+
+    err_path = tmp_path / "stderr.txt"  # a file, not a pipe: the client's retry warnings would fill one
+    with err_path.open("w") as err:
+        bench = subprocess.Popen([sys.executable, "-m", "experiments.bench.rollout_dispatch", "--model",
+                                  str(tiny_model_dir), "--steps", "1000", "--groups", "3", "--group-size", "2",
+                                  "--max-new", "8", "--train-seconds", "0.1", "--work", str(tmp_path / "work")],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        try:
+            for line in bench.stdout:  # AReaL logs to stdout too
+                if line.startswith("step 1/1000"):  # the server has answered
+                    break
+            servers = [p for p in psutil.Process(bench.pid).children(recursive=True)
+                       if "devkit.dev_server" in " ".join(p.cmdline())]
+            assert len(servers) == 1
+            servers[0].kill()
+            bench.stdout.read()
+            bench.wait(timeout=120)  # the grace is 30 s
+        finally:
+            bench.kill()
+    last = err_path.read_text().rstrip().splitlines()[-1]
+    assert bench.returncode == 1
+    assert last.startswith("rollout_dispatch: the dev server at ") and str(tmp_path / "work" / "server.log") in last

@@ -12,8 +12,9 @@ the push replaced by a sleep of --train-seconds between a pause and a resume of 
 and the dev server alone. Which groups are dropped is drawn from each puzzle's prompt (a share
 --accept kept), so every run drops the same ones, whatever the model writes: a tiny model with
 random weights does. The project's AReaL fixes are applied as in train.py; AREAL_PATCHES_SKIP
-turns any off. Prints one row: steps, the wait a step (median and mean), `prepare_batch`'s rounds
-a step and those whose wait for results ran out of time (AReaL's round waits at most 1 s, then
+turns any off. A dev server that stops answering ends the bench, in one line, once it has been
+silent SERVER_GRACE_S. Prints one row: steps, the wait a step (median and mean), `prepare_batch`'s
+rounds a step and those whose wait for results ran out of time (AReaL's round waits at most 1 s, then
 queues more), episodes started a step, and from the dev server's log (kept in --work) its busy
 share and idle gaps over 0.3 s.
 """
@@ -29,9 +30,12 @@ import zlib
 from pathlib import Path
 
 import countdown
+from areal_patches import clean_exit, server_watchdog
 from devkit.dev_server.client import serve
 from experiments.bench import model_folder
 from experiments.bench.pause_windows import read_server_log, summary
+
+SERVER_GRACE_S = 30.0
 
 
 def kept(accept: float, group: dict) -> bool:
@@ -147,6 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     server_log.unlink(missing_ok=True)
     with serve(args.model, device=args.device, dtype=args.dtype, max_batch=2 * args.groups * args.group_size,
                log_file=server_log, timeout=600, extra_args=["--decoder", args.decoder]) as addr:  # fmt: skip
+        # AReaL's client retries a dead server's requests for ever: end the bench instead.
+        server_watchdog.watch([addr], grace=SERVER_GRACE_S, interval=2.0, on_dead=lambda _: clean_exit.end_now(
+            f"rollout_dispatch: the dev server at {addr} has not answered /health for {SERVER_GRACE_S:.0f} s; "
+            f"its log: {server_log}"))  # fmt: skip
         result = run_steps(addr, args.model, args)
     server = summary(read_server_log(server_log.read_text(errors="replace")))
     (args.work / "result.json").write_text(json.dumps({"args": vars(args) | {"model": str(args.model), "work": str(args.work)},
