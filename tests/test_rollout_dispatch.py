@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from devkit import ROOT
-from experiments.bench.rollout_dispatch import kept, timing_rounds
+import threading
+import time
+
+from experiments.bench.rollout_dispatch import hold_the_interpreter, kept, timing_rounds
 
 
 def group(prompt: list[int], completion: list[int], padding: int = 0) -> dict:
@@ -40,6 +43,25 @@ def test_each_round_is_timed_and_a_round_that_ran_out_is_marked_and_still_raises
     with pytest.raises(TimeoutError):
         dispatcher.wait_results(2, timeout=1)
     assert [ran_out for _, ran_out in rounds] == [False, True] and all(seconds >= 0 for seconds, _ in rounds)
+
+
+def test_a_busy_trainer_runs_python_for_its_seconds_while_other_threads_still_get_turns():
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    other = threading.Thread(target=tick)
+    other.start()
+    started = time.perf_counter()
+    hold_the_interpreter(0.3)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    other.join()
+    assert 0.3 <= elapsed < 1.0
+    assert ticks  # the lock is given up at the switch interval, not held for the whole call
 
 
 @pytest.mark.e2e

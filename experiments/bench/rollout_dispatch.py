@@ -2,14 +2,17 @@
 
     python3 -m experiments.bench.rollout_dispatch --model DIR [--device cpu|cuda] [--steps 12]
         [--groups 64] [--group-size 8] [--max-new 96] [--accept 0.6] [--train-seconds 0.7]
-        [--decoder auto|hf|static] [--work DIR] [--trace]
+        [--decoder auto|hf|static] [--trainer sleep|busy] [--work DIR] [--trace]
 
 A time-to-accuracy row D step is: `prepare_batch` (the wait for rollouts), the update, the weight
 push. Dynamic sampling (`skip_uniform_groups`) drops each group whose completions all scored the
 same and samples more puzzles until the batch is full. This runs that loop with the update and
 the push replaced by a sleep of --train-seconds between a pause and a resume of the dispatcher
 (the version set as a push sets it), so what it times is AReaL's dispatcher, the rollout client
-and the dev server alone. Which groups are dropped is drawn from each puzzle's prompt (a share
+and the dev server alone. With --trainer busy the update instead runs Python for --train-seconds
+with the dispatcher running, as a small model's update does (its kernel launches hold the
+interpreter's lock that the rollout client, a thread of the trainer's process under the local
+launcher, needs), and only the push, a pause and a resume, stops it. Which groups are dropped is drawn from each puzzle's prompt (a share
 --accept kept), so every run drops the same ones, whatever the model writes: a tiny model with
 random weights does. The project's AReaL fixes are applied as in train.py; AREAL_PATCHES_SKIP
 turns any off. A dev server that stops answering ends the bench, in one line, once it has been
@@ -65,6 +68,14 @@ def timing_rounds(dispatcher, rounds: list[tuple[float, bool]]) -> None:
     dispatcher.wait_results = timed
 
 
+def hold_the_interpreter(seconds: float) -> None:
+    """Run Python for `seconds`, as a trainer launching kernels does: the lock is given up
+    only at the interpreter's switch interval."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(1000))
+
+
 def run_steps(addr: str, model: Path, args: argparse.Namespace) -> dict:
     """The wait for each step's batch, its rounds, and the dispatcher's counts at the end."""
     import areal_patches
@@ -96,8 +107,11 @@ def run_steps(addr: str, model: Path, args: argparse.Namespace) -> dict:
             waits.append(time.perf_counter() - started)
             step_rounds.append(list(rounds))
             assert len(batch) == args.groups, len(batch)
-            engine.pause()  # what a push does around its load, here for the whole update
-            time.sleep(args.train_seconds)
+            if args.trainer == "busy":
+                hold_the_interpreter(args.train_seconds)
+            engine.pause()  # what a push does around its load; for --trainer sleep, the whole update too
+            if args.trainer == "sleep":
+                time.sleep(args.train_seconds)
             engine.set_version(step + 1)
             engine.resume()
             timed_out = sum(ran_out for _, ran_out in rounds)
@@ -140,7 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new", type=int, default=96)
     parser.add_argument("--accept", type=float, default=0.6, help="the share of groups dynamic sampling keeps")
-    parser.add_argument("--train-seconds", type=float, default=0.7, help="the update and the push, slept")
+    parser.add_argument("--train-seconds", type=float, default=0.7, help="the update and the push")
+    parser.add_argument("--trainer", choices=["sleep", "busy"], default="sleep",
+                        help="sleep: the update and push slept with the dispatcher paused; busy: the update runs "
+                        "Python with the dispatcher running")
     parser.add_argument("--offpolicyness", type=int, default=2, help="rollout.max_head_offpolicyness")
     parser.add_argument("--work", type=Path, default=Path("runs/rollout_dispatch"), help="where the server's log goes")
     parser.add_argument("--trace", action="store_true", help="rollout.enable_rollout_tracing")
