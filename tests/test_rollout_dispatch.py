@@ -12,7 +12,8 @@ from devkit import ROOT
 import threading
 import time
 
-from experiments.bench.rollout_dispatch import hold_the_interpreter, kept, timing_rounds
+from experiments.bench import hold_the_interpreter
+from experiments.bench.rollout_dispatch import kept, timing_rounds
 
 
 def group(prompt: list[int], completion: list[int], padding: int = 0) -> dict:

@@ -5,6 +5,8 @@ and the benchmarks what they share with each other."""
 from __future__ import annotations
 
 import argparse
+import threading
+import time
 from pathlib import Path
 
 
@@ -28,3 +30,11 @@ def labelled(what: str, inside: str | None = None):
         return label, Path(path)
 
     return parse
+
+
+def hold_the_interpreter(seconds: float, stop: threading.Event | None = None) -> None:
+    """Run Python for `seconds` or until `stop` is set, as a trainer launching a small model's
+    kernels does: the interpreter's lock is given up only when the switch interval forces it."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end and not (stop and stop.is_set()):
+        sum(range(1000))

@@ -1,7 +1,7 @@
 """The CPU that AReaL's rollout client spends on each episode, in the process that runs it.
 
     python3 -m experiments.bench.rollout_client --model DIR [--groups 64] [--group-size 8]
-        [--max-new 96] [--repeats 3] [--device cpu|cuda]
+        [--max-new 96] [--repeats 3] [--device cpu|cuda] [--trainer idle|busy]
 
 Under AReaL's local launcher, as in the time-to-accuracy rows, the rollout client runs in the
 trainer's own process, in a thread beside the update: for every episode of
@@ -12,24 +12,49 @@ own kernel launches need too. This runs the same client, with the project's ARea
 batches of --groups x --group-size episodes against the dev server, a process of its own whose
 CPU is not counted, and prints for each batch its seconds, the client process's CPU seconds
 (user and system, every thread) and the CPU an episode. The first batch also pays for
-loading the workflow and its tokenizer.
+loading the workflow and its tokenizer. With --trainer busy, a thread runs Python while each
+batch runs, as the update of a small model does (its kernel launches hold the lock), and its
+own CPU is left out of the client's: the batch's seconds then show how long the client takes
+to get its turns.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import threading
 import time
 from pathlib import Path
 
 import countdown
 from devkit.dev_server.client import serve
-from experiments.bench import model_folder
+from experiments.bench import hold_the_interpreter, model_folder
+
+
+class BusyTrainer:
+    """A thread that runs Python from `with` to its end, and the CPU seconds it took."""
+
+    def __enter__(self):
+        self.stop, self.cpu_s = threading.Event(), 0.0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        cpu = time.thread_time()
+        hold_the_interpreter(float("inf"), self.stop)
+        self.cpu_s = time.thread_time() - cpu
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def measure(addr: str, model: Path, groups: int, group_size: int, max_new: int, repeats: int,
-            seed: int) -> list[dict]:
+            seed: int, busy_trainer: bool = False) -> list[dict]:
     """One row a batch: the client's wall and CPU seconds for `groups` puzzles of `group_size`
-    sampled episodes each, through AReaL's RemoteSGLangEngine and train.CountDownWorkflow."""
+    sampled episodes each, through AReaL's RemoteSGLangEngine and train.CountDownWorkflow, with
+    a thread running Python beside it if `busy_trainer`."""
     import areal_patches
     from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
     from areal.engine import RemoteSGLangEngine
@@ -45,11 +70,14 @@ def measure(addr: str, model: Path, groups: int, group_size: int, max_new: int, 
     rows = []
     try:
         for i in range(repeats):
+            trainer = BusyTrainer() if busy_trainer else contextlib.nullcontext()
             started, cpu = time.perf_counter(), time.process_time()
-            done = engine.rollout_batch(puzzles[i * groups:(i + 1) * groups], workflow="train.CountDownWorkflow",
-                                        workflow_kwargs=dict(gconfig=gconfig, tokenizer=str(model)),
-                                        group_size=group_size)  # fmt: skip
+            with trainer:
+                done = engine.rollout_batch(puzzles[i * groups:(i + 1) * groups], workflow="train.CountDownWorkflow",
+                                            workflow_kwargs=dict(gconfig=gconfig, tokenizer=str(model)),
+                                            group_size=group_size)  # fmt: skip
             seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+            cpu -= trainer.cpu_s if busy_trainer else 0.0
             episodes = sum(int(group["input_ids"].shape[0]) for group in done)
             tokens = sum(int(group["loss_mask"].sum()) for group in done)
             rows.append({"batch": i + 1, "episodes": episodes, "output_tokens": tokens,
@@ -77,10 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trainer", choices=["idle", "busy"], default="idle",
+                        help="busy: a thread runs Python beside the client, as a small model's update does")
     args = parser.parse_args(argv)
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     with serve(args.model, device=args.device, dtype=dtype, max_batch=args.groups * args.group_size) as addr:
-        rows = measure(addr, args.model, args.groups, args.group_size, args.max_new, args.repeats, args.seed)
+        rows = measure(addr, args.model, args.groups, args.group_size, args.max_new, args.repeats, args.seed,
+                       busy_trainer=args.trainer == "busy")
     print(table(rows))
 
 

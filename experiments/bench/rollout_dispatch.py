@@ -35,7 +35,7 @@ from pathlib import Path
 import countdown
 from areal_patches import clean_exit, server_watchdog
 from devkit.dev_server.client import serve
-from experiments.bench import model_folder
+from experiments.bench import hold_the_interpreter, model_folder
 from experiments.bench.pause_windows import read_server_log, summary
 
 SERVER_GRACE_S = 30.0
@@ -66,14 +66,6 @@ def timing_rounds(dispatcher, rounds: list[tuple[float, bool]]) -> None:
         return results
 
     dispatcher.wait_results = timed
-
-
-def hold_the_interpreter(seconds: float) -> None:
-    """Run Python for `seconds`, as a trainer launching kernels does: the lock is given up
-    only at the interpreter's switch interval."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        sum(range(1000))
 
 
 def run_steps(addr: str, model: Path, args: argparse.Namespace) -> dict:
