@@ -29,3 +29,14 @@ def test_a_folder_without_a_model_is_refused_in_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "experiments.bench.rollout_client", "--model", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "no config.json" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_busy_trainer_runs_python_until_its_block_ends_and_counts_its_own_cpu():
+    import time
+
+    from experiments.bench.rollout_client import BusyTrainer
+
+    with BusyTrainer() as trainer:
+        time.sleep(0.3)  # the main thread waits, as the bench does for its batch
+    assert not trainer.thread.is_alive()
+    assert 0.1 < trainer.cpu_s < 1.0  # it ran Python most of the block, and stopped with it
