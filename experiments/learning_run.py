@@ -30,7 +30,9 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -178,9 +180,11 @@ def grpo_schedule(args: argparse.Namespace) -> tuple[int, float]:
 
 
 def server_options(args: argparse.Namespace) -> dict:
+    """The dev server's settings; `DEV_SERVER_ARGS` adds flags, as in runs that start it in SGLang's place."""
     return dict(device=args.device, dtype=args.dtype, max_batch=1024, seed=trainer_seed(args),
                 log_file=args.work / "server.log",
-                extra_args=["--decoder", args.decoder, "--batching", args.server_batching])
+                extra_args=["--decoder", args.decoder, "--batching", args.server_batching,
+                            *shlex.split(os.environ.get("DEV_SERVER_ARGS", ""))])
 
 
 def train_setting(overrides: list[str], key: str) -> object:

@@ -320,3 +320,12 @@ def test_train_setting_reads_the_last_override_else_train_config(tmp_path):
     assert module.train_setting(overrides, "gconfig.n_samples") == 4
     assert module.train_setting(overrides, "gconfig.temperature") == shipped["gconfig"]["temperature"]
     assert module.train_setting([], "seed") == shipped["seed"]
+
+
+def test_dev_server_args_in_the_environment_reach_the_dev_server(tmp_path, monkeypatch):
+    module = load_learning_run()
+    args = module.parse_args(["grpo", "--work", str(tmp_path)])
+    monkeypatch.delenv("DEV_SERVER_ARGS", raising=False)
+    assert module.server_options(args)["extra_args"] == ["--decoder", "auto", "--batching", "continuous"]
+    monkeypatch.setenv("DEV_SERVER_ARGS", "--switch-interval-ms 5")
+    assert module.server_options(args)["extra_args"][-2:] == ["--switch-interval-ms", "5"]

@@ -2,7 +2,8 @@
 
     python3 -m experiments.bench.rollout_dispatch --model DIR [--device cpu|cuda] [--steps 12]
         [--groups 64] [--group-size 8] [--max-new 96] [--accept 0.6] [--train-seconds 0.7]
-        [--decoder auto|hf|static] [--trainer sleep|busy] [--work DIR] [--trace]
+        [--decoder auto|hf|static] [--trainer sleep|busy] [--server-args='--switch-interval-ms 5']
+        [--work DIR] [--trace]
 
 A time-to-accuracy row D step is: `prepare_batch` (the wait for rollouts), the update, the weight
 push. Dynamic sampling (`skip_uniform_groups`) drops each group whose completions all scored the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shlex
 import statistics
 import time
 import zlib
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="sleep: the update and push slept with the dispatcher paused; busy: the update runs "
                         "Python with the dispatcher running")
     parser.add_argument("--offpolicyness", type=int, default=2, help="rollout.max_head_offpolicyness")
+    parser.add_argument("--server-args", default="", help="more dev server flags, given with '=' as they start with --")
     parser.add_argument("--work", type=Path, default=Path("runs/rollout_dispatch"), help="where the server's log goes")
     parser.add_argument("--trace", action="store_true", help="rollout.enable_rollout_tracing")
     parser.add_argument("--seed", type=int, default=0)
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     server_log = args.work / "server.log"
     server_log.unlink(missing_ok=True)
     with serve(args.model, device=args.device, dtype=args.dtype, max_batch=2 * args.groups * args.group_size,
-               log_file=server_log, timeout=600, extra_args=["--decoder", args.decoder]) as addr:  # fmt: skip
+               log_file=server_log, timeout=600, extra_args=["--decoder", args.decoder, *shlex.split(args.server_args)]) as addr:  # fmt: skip
         # AReaL's client retries a dead server's requests for ever: end the bench instead.
         server_watchdog.watch([addr], grace=SERVER_GRACE_S, interval=2.0, on_dead=lambda _: clean_exit.end_now(
             f"rollout_dispatch: the dev server at {addr} has not answered /health for {SERVER_GRACE_S:.0f} s; "
