@@ -33,7 +33,6 @@ Speed-ups: the same results, sooner.
 | `fast_step` | host syncs, unfused kernels and repeated gathers in the FSDP training step | faster GPU steps, same results | `apply(skip={"fast_step"})`; `TORCHDYNAMO_DISABLE=1` for compilation only |
 | `resume_poll` | rollouts a weight push interrupted are resent on a 0.5 s poll once the trainer resumes the dispatcher, at the end of its step; the dispatcher's runner, paused while rollouts run, looks for the resume every 0.5 s, so the next step's first rollouts start 0-0.5 s late | resent within 20 ms of the push's end (the servers loaded, the client's version set); no new rollout starts before the resume, and new ones start within 20 ms of it | `apply(skip={"resume_poll"})` |
 | `callback_pool` | single controller: a rollout worker posts its completion callbacks from the 4-thread pool its weight load runs in, to a single-threaded server that a push keeps busy until that load ends; rollouts finishing during a push stall it until their posts time out (30 s), each logged as a failed callback | the posts have a pool of their own; the load never waits behind them | `apply(skip={"callback_pool"})` |
-| `switch_interval` | SPMD launchers: the rollout client is a thread of the trainer's process; while the trainer runs Python (a small model's update), the client gets the interpreter back only at CPython's 5 ms switch interval, so answers go unread and requests unsent | the switch interval is 1 ms: the client's turns come five times as often | `apply(skip={"switch_interval"})` |
 | `fewer_syncs` | GRPO's group reward normalisation reads two counts back from the GPU per group (a Python loop over the groups); each micro-batch's staleness statistics read ten values one by one | one group pass without a read; one read per micro-batch; the same numbers | `apply(skip={"fewer_syncs"})` |
 
 Applied elsewhere:
@@ -69,13 +68,13 @@ def fixes() -> dict[str, list[ModuleType]]:
     from areal_patches import (callback_pool, clean_exit, data_seed, fast_save, fast_step, fewer_syncs, mask_mapping,
                                packed_sdpa, pause_at_load, port_draw, progress_total, resume_poll, rollout_shutdown,
                                rollout_stats, server_start, slurm_container, slurm_job_exit, submit_ahead,
-                               switch_interval, task_callback, wandb_offline, weight_push)
+                               task_callback, wandb_offline, weight_push)
 
     return {
         "bug fixes": [packed_sdpa, mask_mapping, server_start, clean_exit, progress_total, data_seed, rollout_stats,
                       slurm_container, slurm_job_exit, port_draw, task_callback, rollout_shutdown, wandb_offline],
-        "speed-ups": [weight_push, pause_at_load, resume_poll, submit_ahead, switch_interval, fast_save, fast_step,
-                      callback_pool, fewer_syncs],
+        "speed-ups": [weight_push, pause_at_load, resume_poll, submit_ahead, fast_save, fast_step, callback_pool,
+                      fewer_syncs],
     }
 
 

@@ -115,7 +115,6 @@ def test_health_and_info(server, tiny_model_dir):
     assert client.http_request(server.addr, "/health")[0] == 200
     i = info(server.addr)
     assert i["pid"] == server.pid and i["model_path"] == str(tiny_model_dir)
-    assert i["switch_interval_s"] == pytest.approx(0.001)  # not CPython's 5 ms: the HTTP loop gets its turns
     assert client.http_request(server.addr, "/get_model_info")[1]["is_generation"] is True
     assert client.http_request(server.addr, "/v1/models")[0] == 200
     assert client.http_request(server.addr, "/flush_cache", {})[0] == 200

@@ -328,5 +328,5 @@ def test_dev_server_args_in_the_environment_reach_the_dev_server(tmp_path, monke
     args = module.parse_args(["grpo", "--work", str(tmp_path)])
     monkeypatch.delenv("DEV_SERVER_ARGS", raising=False)
     assert module.server_options(args)["extra_args"] == ["--decoder", "auto", "--batching", "continuous"]
-    monkeypatch.setenv("DEV_SERVER_ARGS", "--switch-interval-ms 5")
-    assert module.server_options(args)["extra_args"][-2:] == ["--switch-interval-ms", "5"]
+    monkeypatch.setenv("DEV_SERVER_ARGS", "--batch-wait-ms 50")
+    assert module.server_options(args)["extra_args"][-2:] == ["--batch-wait-ms", "50"]

@@ -48,10 +48,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--static-max-len", type=int, default=1024,
                    help="static decoder: longest prompt + max_new_tokens it holds (longer "
                    "batches fall back to hf); its KV cache is sized max-batch x this")
-    p.add_argument("--switch-interval-ms", type=float, default=1.0,
-                   help="how often the interpreter hands its lock between the HTTP loop and the decode "
-                   "thread (CPython's default is 5 ms, a wait each request's parsing and answer pays while "
-                   "the decode thread runs Python; SGLang serves HTTP from another process)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default on CPU: 1; more help only larger models "
@@ -114,7 +110,6 @@ def load_engine(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
     configure_logging(args.log_level, args.port)
-    sys.setswitchinterval(args.switch_interval_ms / 1000)
     if not os.path.isdir(args.model):  # fail fast, before the slow imports (torch, transformers)
         logger.error("no such model folder: %s", args.model)
         return 2

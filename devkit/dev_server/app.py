@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 from typing import Any
 
@@ -85,7 +84,7 @@ async def server_info(request: web.Request) -> web.Response:
         "dtype": str(engine.dtype).replace("torch.", ""), "max_batch": scheduler.max_batch,
         "weight_version": scheduler.weight_version, "paused": scheduler.paused,
         "queued": len(scheduler.queue), "running": len(scheduler.running or []),
-        "context_length": engine.context_len, "version": "dev_server", "switch_interval_s": sys.getswitchinterval(),
+        "context_length": engine.context_len, "version": "dev_server",
         **{f"num_{k}": v for k, v in scheduler.stats.items()},
     })
 

@@ -2,7 +2,7 @@
 
     python3 -m experiments.bench.rollout_dispatch --model DIR [--device cpu|cuda] [--steps 12]
         [--groups 64] [--group-size 8] [--max-new 96] [--accept 0.6] [--train-seconds 0.7]
-        [--decoder auto|hf|static] [--trainer sleep|busy] [--server-args='--switch-interval-ms 5']
+        [--decoder auto|hf|static] [--trainer sleep|busy] [--server-args='--batching static']
         [--work DIR] [--trace]
 
 A time-to-accuracy row D step is: `prepare_batch` (the wait for rollouts), the update, the weight
