@@ -4,14 +4,13 @@ update and push replaced by a sleep; which groups dynamic sampling drops is a fi
 
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
 
 from devkit import ROOT
-import threading
-import time
-
 from experiments.bench import hold_the_interpreter
 from experiments.bench.rollout_dispatch import kept, timing_rounds
 

@@ -13,14 +13,14 @@ the push replaced by a sleep of --train-seconds between a pause and a resume of 
 and the dev server alone. With --trainer busy the update instead runs Python for --train-seconds
 with the dispatcher running, as a small model's update does (its kernel launches hold the
 interpreter's lock that the rollout client, a thread of the trainer's process under the local
-launcher, needs), and only the push, a pause and a resume, stops it. Which groups are dropped is drawn from each puzzle's prompt (a share
---accept kept), so every run drops the same ones, whatever the model writes: a tiny model with
-random weights does. The project's AReaL fixes are applied as in train.py; AREAL_PATCHES_SKIP
-turns any off. A dev server that stops answering ends the bench, in one line, once it has been
-silent SERVER_GRACE_S. Prints one row: steps, the wait a step (median and mean), `prepare_batch`'s
-rounds a step and those whose wait for results ran out of time (AReaL's round waits at most 1 s, then
-queues more), episodes started a step, and from the dev server's log (kept in --work) its busy
-share and idle gaps over 0.3 s.
+launcher, needs), and only the push, a pause and a resume, stops it. Which groups are dropped is
+drawn from each puzzle's prompt (a share --accept kept), so every run drops the same ones,
+whatever the model writes: a tiny model with random weights does. The project's AReaL fixes are
+applied as in train.py; AREAL_PATCHES_SKIP turns any off. A dev server that stops answering ends
+the bench, in one line, once it has been silent SERVER_GRACE_S. Prints one row: steps, the wait a
+step (median and mean), `prepare_batch`'s rounds a step and those whose wait for results ran out
+of time (AReaL's round waits at most 1 s, then queues more), episodes started a step, and from
+the dev server's log (kept in --work) its busy share and idle gaps over 0.3 s.
 """
 
 from __future__ import annotations
@@ -161,8 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     server_log = args.work / "server.log"
     server_log.unlink(missing_ok=True)
+    server_args = ["--decoder", args.decoder, *shlex.split(args.server_args)]
     with serve(args.model, device=args.device, dtype=args.dtype, max_batch=2 * args.groups * args.group_size,
-               log_file=server_log, timeout=600, extra_args=["--decoder", args.decoder, *shlex.split(args.server_args)]) as addr:  # fmt: skip
+               log_file=server_log, timeout=600, extra_args=server_args) as addr:  # fmt: skip
         # AReaL's client retries a dead server's requests for ever: end the bench instead.
         server_watchdog.watch([addr], grace=SERVER_GRACE_S, interval=2.0, on_dead=lambda _: clean_exit.end_now(
             f"rollout_dispatch: the dev server at {addr} has not answered /health for {SERVER_GRACE_S:.0f} s; "
