@@ -1,6 +1,7 @@
 """The dev server (devkit/dev_server/) against an in-process HF model and AReaL's real SGLang client."""
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -104,7 +105,7 @@ def prompts(tok):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with client.DevServer(tiny_model_dir, extra_args=["--step-delay-ms", str(STEP_DELAY_MS)]) as s:
+    with client.DevServer(tiny_model_dir, extra_args=["--step-delay-ms", str(STEP_DELAY_MS), "--log-level", "DEBUG"]) as s:
         yield s
 
 
@@ -118,6 +119,18 @@ def test_health_and_info(server, tiny_model_dir):
     assert client.http_request(server.addr, "/get_model_info")[1]["is_generation"] is True
     assert client.http_request(server.addr, "/v1/models")[0] == 200
     assert client.http_request(server.addr, "/flush_cache", {})[0] == 200
+
+
+def test_debug_log_has_each_request_arriving_and_answered(server, prompts):
+    """At --log-level DEBUG a run's server log lines a client's timeline up with the server's."""
+    rid = "debug-log-probe"
+    out = client.http_json(server.addr, "/generate", {
+        "rid": rid, "input_ids": prompts[0], "sampling_params": {"max_new_tokens": 3, "temperature": 0.0}})
+    wait_until(lambda: f"request {rid} answered" in server.log_file.read_text(), what="the answered line")
+    lines = [line for line in server.log_file.read_text().splitlines() if f"request {rid} " in line]
+    assert len(lines) == 2, lines
+    assert lines[0].endswith(f"arrived: {len(prompts[0])} prompt tokens, at most 3 new")
+    assert re.search(rf"answered after \d+\.\d{{3}}s: {len(out['output_ids'])} tokens, length$", lines[1]), lines[1]
 
 
 def test_concurrent_greedy_equals_unbatched_hf(server, hf, prompts):

@@ -102,15 +102,22 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def generate(request: web.Request) -> web.Response:
+    """Queue one request and answer when its batch has it; at --log-level DEBUG, one line when
+    it arrives and one when it is answered, to line a client's timeline up with the server's."""
     req = parse_generate(await body(request), request.app[ENGINE], asyncio.get_running_loop())
+    logger.debug("request %s arrived: %d prompt tokens, at most %d new", req.rid, len(req.input_ids),
+                 req.params.max_new_tokens)
     try:
         request.app[SCHEDULER].submit(req)
     except RuntimeError as e:
         return error(503, str(e))
     try:
-        return reply(await req.future)
+        result = await req.future
     except Exception as e:  # the batch failed
         return error(500, f"generation failed: {e!r}")
+    logger.debug("request %s answered after %.3fs: %d tokens, %s", req.rid, time.perf_counter() - req.arrival,
+                 len(result["output_ids"]), result["meta_info"]["finish_reason"]["type"])
+    return reply(result)
 
 
 async def pause_generation(request: web.Request) -> web.Response:
