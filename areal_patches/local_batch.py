@@ -10,15 +10,19 @@ trajectory: 832 collectives), then one `.item()` a trajectory for its length and
 its padding, then `broadcast_tensor_container` broadcasts each tensor with its metadata, and
 two device synchronisations and barriers close it. Each of these waits for the GPU, which
 the dev server shares, and all of them run Python under the interpreter lock that the rollout
-client's thread needs to send the next requests. On one H100 (the trainer's profile, py-spy,
-docs/results/time-to-accuracy.md) this took most of the trainer's "wait for rollouts" while
-the batch was already complete, and held the next step's requests back from the server.
+client's thread needs to send the next requests. In the trainer's profile on one GPU this was
+most of its "wait for rollouts" while the batch was already complete, and it held the next
+step's requests back from the server.
 
 Effect: where the data-parallel group and the context-and-model-parallel group both hold
 one rank, the batch is the one upstream's code would return: the same trajectories, with
 their trailing padding trimmed as `split_and_unpad_tensor` trims it, in the order the
 configured packing algorithm (`mb_spec.packing_algorithm`) gives them, the lengths read from
-the device in one go. Anywhere else, upstream's code runs unchanged.
+the device in one go. Anywhere else, upstream's code runs unchanged. Measured on one GPU
+that the dev server shares (docs/results/areal-fixes.md): the wait goes, but the step does not
+get shorter, because the server then decodes beside the update and push and they slow as
+much. Where the servers have GPUs of their own nothing should take the freed time back; that
+is not measured.
 
 Off: `AREAL_PATCHES_SKIP=local_batch` (or `apply(skip={"local_batch"})`).
 
