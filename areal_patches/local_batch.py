@@ -5,12 +5,12 @@ passes the batch through `DistRolloutCoordinator._broadcast_and_redistribute_tra
 which spreads it over the data-parallel ranks and broadcasts it to the context- and
 model-parallel ones, whatever their number. On one GPU both groups hold one rank, and still
 `all_gather_tensor_container` runs an `all_gather_object` for every trajectory's keys and for
-every tensor's shape, plus an `all_gather` of the tensor (a 64-puzzle batch of 6 tensors a
-trajectory: 832 collectives), then one `.item()` a trajectory for its length and another for
-its padding, then `broadcast_tensor_container` broadcasts each tensor with its metadata, and
-two device synchronisations and barriers close it. Each of these waits for the GPU, which
-the dev server shares, and all of them run Python under the interpreter lock that the rollout
-client's thread needs to send the next requests. In the trainer's profile on one GPU this was
+every tensor's shape, plus an `all_gather` of the tensor, then one `.item()` a trajectory for
+its length and another for its padding, then `broadcast_tensor_container` broadcasts each
+tensor with its metadata, and two device synchronisations and barriers close it: over 2,000
+collectives for a 64-puzzle batch (`tests/test_local_batch.py` counts them). Each waits for
+the GPU, which the dev server shares, and all of them run Python under the interpreter lock
+that the rollout client's thread needs to send the next requests. In the trainer's profile on one GPU this was
 most of its "wait for rollouts" while the batch was already complete, and it held the next
 step's requests back from the server.
 

@@ -102,6 +102,23 @@ def test_one_rank_runs_no_collective(one_process_group, monkeypatch):
     assert len(batch) == 12
 
 
+def test_areals_redistribution_on_one_rank_moves_every_tensor_twice(one_process_group, monkeypatch):
+    """What the fix saves: AReaL all-gathers and broadcasts each of a batch's tensors, each with
+    its metadata, on one rank as on many (64 groups of 6 tensors, as the trainer's batch)."""
+    counts = {}
+    for name in ("all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier"):
+        def counted(*args, _call=getattr(dist, name), _name=name, **kwargs):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _call(*args, **kwargs)
+
+        monkeypatch.setattr(dist, name, counted)
+    batch = [{k: v for k, v in t.items() if k != "tag"} for t in trajectories(0, groups=64, group_size=8)]
+    areal_redistribution()(coordinator(one_process_group), batch)
+    assert counts["all_gather"] == counts["broadcast"] == 64 * 6
+    assert counts["all_gather_object"] > 64 * 6 and counts["broadcast_object_list"] > 2 * 64 * 6
+    assert sum(counts.values()) > 2000
+
+
 def test_more_than_one_rank_runs_areals_code(one_process_group, monkeypatch):
     """Mocked: a group of two needs two processes; what matters is which code runs."""
     calls = []
