@@ -2,7 +2,7 @@
 at its middle and what AReaL's rollout client logged in it (its rollout tracing lines), read from
 a run folder's server.log and train.log in the formats the dev server and AReaL 1.0.4 write."""
 
-from experiments.bench.rollout_timeline import main, read_run, summary
+from experiments.bench.rollout_timeline import main, read_run, request_lags, summary
 
 SERVER_LOG = """\
 2026-12-05 06:00:01,000 dev_server[7] INFO batch n=8 rows_max=8 prompt_max=9 new_tokens=80 steps=10 1.00s 80 tok/s finish=stop:8 v=0 queued=0
@@ -49,3 +49,20 @@ def test_one_row_a_run_and_a_run_without_tracing_gets_the_phases_only(tmp_path, 
     out = capsys.readouterr()
     assert out.out.splitlines()[-1] == "| t | 2 | 3.2 | 1 | 1.5 | 1 | 1.7 | - | - | - | - | - | - | - |"
     assert "enable_rollout_tracing=true" in out.err
+
+
+def test_the_lag_from_a_steps_first_rollout_to_its_first_request_at_the_server(tmp_path, capsys):
+    """From the dev server's --log-level DEBUG lines: one lag a step that has a rollout started
+    and a request arrived before the next step ended."""
+    debug = (
+        "2026-12-05 06:00:03,650 dev_server[7] DEBUG request a1 arrived: 9 prompt tokens, at most 10 new\n"
+        "2026-12-05 06:00:03,700 dev_server[7] DEBUG request a2 arrived: 9 prompt tokens, at most 10 new\n"
+        "2026-12-05 06:00:06,000 dev_server[7] DEBUG request a3 arrived: 9 prompt tokens, at most 10 new\n"
+    )
+    train = TRAIN_LOG + "(AReaL) 20261205-06:00:05.500 StatsLogger INFO: Epoch 1/1 Step 2/9 Train step 2/9 done.\n"
+    assert request_lags(SERVER_LOG + debug, train) == [0.24]  # started 3.41 s, arrived 3.65 s; step 2 has no next step
+    assert request_lags(SERVER_LOG, train) == []  # no DEBUG lines: nothing to line up
+    (tmp_path / "server.log").write_text(SERVER_LOG + debug)
+    (tmp_path / "train.log").write_text(train)
+    main([f"t={tmp_path}"])
+    assert capsys.readouterr().out.splitlines()[-1] == "| t | 1 | 0.240 | 0.240 |"

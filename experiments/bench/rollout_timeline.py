@@ -22,6 +22,10 @@ or pushing) and what the client did before the gap ended. Prints one Markdown ro
   gaps rollouts were enqueued and none running:
   the dispatcher held them (AReaL's staleness bound, `rollout.max_head_offpolicyness`, or the
   trainer's pause for a push), since an enqueued rollout starts within milliseconds otherwise.
+Where the dev server ran with `--log-level DEBUG` (`DEV_SERVER_ARGS="--log-level DEBUG"`), a
+second table gives the median and the largest, over the steps, of the seconds from the first
+rollout the runner started after a step to the first request that reached the server: the time
+a rollout spends in the client before the server sees it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 
 from experiments.bench import labelled
-from experiments.bench.pause_windows import median, read_server_log
+from experiments.bench.pause_windows import median, read_server_log, when
 
 AREAL_STAMP = r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) "
 COUNTS = re.compile(AREAL_STAMP + r".*?(Enqueue|Submit|Finish and accept|Finish but reject) rollout\. enqueued: (\d+), running: (\d+), "
@@ -42,6 +46,7 @@ COUNTS = re.compile(AREAL_STAMP + r".*?(Enqueue|Submit|Finish and accept|Finish 
 STARTED = re.compile(AREAL_STAMP + r".*AsyncTaskRunner: Submitted task")
 STEP_DONE = re.compile(AREAL_STAMP + r".*Train step \d+/\d+ done")
 ADVANTAGES = re.compile(AREAL_STAMP + r".*Memory-Usage compute advantages")
+ARRIVED = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) dev_server\[\d+\] DEBUG request \S+ arrived")
 
 
 def areal_time(stamp: str) -> datetime:
@@ -84,6 +89,22 @@ def read_run(server_log: str, train_log: str) -> list[Gap]:
         pending, running = state[-1] if state else (0, 0)
         gaps.append(Gap(start, end, before[-1] if before else True, first_enqueue, first_start, pending, running))
     return gaps
+
+
+def request_lags(server_log: str, train_log: str) -> list[float]:
+    """For each step but the last: seconds from the first rollout the runner started after the
+    step ended to the first request that reached the server after that (the dev server's
+    `--log-level DEBUG` lines), when both came before the next step ended."""
+    arrivals = [when(m.group(1)) for m in ARRIVED.finditer(server_log)]
+    started = [areal_time(m.group(1)) for m in STARTED.finditer(train_log)]
+    ends = [areal_time(m.group(1)) for m in STEP_DONE.finditer(train_log)]
+    lags = []
+    for end, next_end in zip(ends, ends[1:]):
+        start = next((t for t in started if end <= t < next_end), None)
+        arrival = next((t for t in arrivals if start is not None and start <= t < next_end), None)
+        if arrival is not None:
+            lags.append((arrival - start).total_seconds())
+    return lags
 
 
 def summary(gaps: list[Gap]) -> dict:
@@ -130,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs", nargs="+", metavar="LABEL=RUN_FOLDER",
                         type=labelled("a run's folder with its train.log", inside="train.log"))
     args = parser.parse_args(argv)
-    runs = {}
+    runs, lags = {}, {}
     for label, folder in args.runs:
         server_log, train_log = folder / "server.log", folder / "train.log"
         trainer = train_log.read_text(errors="replace")
@@ -140,7 +161,14 @@ def main(argv: list[str] | None = None) -> None:
                   "the client's columns are left empty", file=sys.stderr)
         server = server_log.read_text(errors="replace") if server_log.is_file() else trainer
         runs[label] = read_run(server, trainer), traced
+        lags[label] = request_lags(server, trainer)
     print(table(runs))
+    if any(lags.values()):
+        print("\n| run | steps | a step's first rollout started to its first request at the server, median (s) | max (s) |")
+        print("|---|---|---|---|")
+        for label, values in lags.items():
+            if values:
+                print(f"| {label} | {len(values)} | {median(values):.3f} | {max(values):.3f} |")
 
 
 if __name__ == "__main__":
