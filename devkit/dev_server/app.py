@@ -115,8 +115,9 @@ async def generate(request: web.Request) -> web.Response:
         result = await req.future
     except Exception as e:  # the batch failed
         return error(500, f"generation failed: {e!r}")
-    logger.debug("request %s answered after %.3fs: %d tokens, %s", req.rid, time.perf_counter() - req.arrival,
-                 len(result["output_ids"]), result["meta_info"]["finish_reason"]["type"])
+    meta = result["meta_info"]
+    logger.debug("request %s answered after %.3fs: %d tokens, %s", req.rid, meta["e2e_latency"], len(result["output_ids"]),
+                 meta["finish_reason"]["type"])
     return reply(result)
 
 
