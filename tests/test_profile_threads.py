@@ -64,3 +64,9 @@ def test_a_file_without_stacks_is_one_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         profile_threads.main([str(path)])
     assert "no py-spy raw lines (record with -f raw)" in capsys.readouterr().err
+
+
+def test_a_missing_file_is_one_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        profile_threads.main([str(tmp_path / "profile.txt")])
+    assert "profile.txt: no such file (py-spy record -f raw -o writes it)" in capsys.readouterr().err

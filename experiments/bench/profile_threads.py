@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--depth", type=int, default=1, help="with --below: frames of each call path shown")
     parser.add_argument("--top", type=int, default=20, help="rows shown")
     args = parser.parse_args(argv)
+    if not args.profile.is_file():
+        parser.error(f"{args.profile}: no such file (py-spy record -f raw -o writes it)")
     stacks = read_profile(args.profile)
     if not stacks:
         parser.error(f"{args.profile}: no py-spy raw lines (record with -f raw)")
