@@ -1,7 +1,7 @@
 """Shared fixtures: the project's tiny model is built once per test session (a few seconds),
 as is SmolLM2-135M-Instruct's folder from its wheel (about half a minute),
-a runner for scripts that need a torch.distributed process of their own, and the CPU demo
-started as a terminal starts it."""
+a runner for scripts that need a torch.distributed process of their own, a process group of
+one rank in the test's own process, and the CPU demo started as a terminal starts it."""
 
 import json
 import os
@@ -191,6 +191,20 @@ from devkit.processes import find_free_port
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=str(find_free_port()), TORCHDYNAMO_DISABLE="1")
 """
+
+
+@pytest.fixture(scope="module")
+def one_process_group(tmp_path_factory):
+    """A real process group of one rank (gloo on CPU), as a one-GPU trainer has with NCCL."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield dist.group.WORLD
+        return
+    store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

@@ -11,18 +11,6 @@ import torch.distributed as dist
 from areal_patches import local_batch
 
 
-@pytest.fixture(scope="module")
-def one_process_group(tmp_path_factory):
-    """A real process group of one rank (gloo on CPU), as a one-GPU trainer has with NCCL."""
-    if dist.is_initialized():
-        yield dist.group.WORLD
-        return
-    store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
 def coordinator(group, packing_algorithm="ffd"):
     """AReaL's DistRolloutCoordinator over an engine whose every group is `group`."""
     from areal.infra.dist_rollout import DistRolloutCoordinator

@@ -215,7 +215,6 @@ def install_phases(actor) -> None:
     import torch
     from areal.engine.fsdp_engine import FSDPEngine
     from areal.trainer.ppo import actor as actor_module
-    from areal.utils import stats_tracker
 
     wrap(actor_module.PPOActor, "compute_logp", "compute_logp")
     wrap(actor_module.PPOActor, "compute_advantages", "compute_advantages")
@@ -231,7 +230,6 @@ def install_phases(actor) -> None:
     wrap(FSDPEngine, "optimizer_step", "optimizer step, clipping")
     wrap(FSDPEngine, "step_lr_scheduler", "lr scheduler")
     wrap(torch.Tensor, "backward", "backward")
-    wrap(stats_tracker, "export", "stats export (after the step)")
     actor.model.register_forward_pre_hook(lambda *_: PHASES.enter("model forward"))
     actor.model.register_forward_hook(lambda *_: PHASES.leave())
 
@@ -297,15 +295,14 @@ class Response:  # the fields of AReaL's ModelResponse that train.trajectory rea
 
 def grpo_step(actor, batch: list[dict]) -> None:
     """What AReaL's trainer runs between a rollout and the weight push (rl_trainer.py), then
-    the statistics export."""
-    from areal.utils import stats_tracker
-
+    the statistics export, as the trainer calls it after the push."""
     if actor.config.should_compute_prox_logp():
         for group, logp in zip(batch, actor.compute_logp(batch)):
             group["prox_logp"] = logp
     actor.ppo_update(actor.compute_advantages(batch))
     actor.step_lr_scheduler()
-    stats_tracker.export()
+    with PHASES.phase("stats export (after the step)"):
+        actor.export_stats()
 
 
 def measure(actor, shape: str, n_seqs: int, steps: int) -> dict[str, Tally]:
