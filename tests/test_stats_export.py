@@ -64,7 +64,7 @@ def exports_alike(group):
     return theirs
 
 
-def test_the_export_is_arealss_without_a_group():
+def test_the_export_is_areals_without_a_group():
     exported = exports_alike(None)
     assert not {"unseen/avg", "unseen/min", "unseen/max", "seen/max"} & set(exported)  # as AReaL leaves them out
     assert {"update/loss/avg", "update/loss/min", "update/loss/max", "update/entropy", "update/lowest",
@@ -72,7 +72,7 @@ def test_the_export_is_arealss_without_a_group():
             "timeperf/train_step__count", "reward", "reward__count", "seen/avg", "seen/min"} <= set(exported)  # fmt: skip
 
 
-def test_the_export_is_arealss_on_a_one_rank_group(one_process_group):
+def test_the_export_is_areals_on_a_one_rank_group(one_process_group):
     exported = exports_alike(one_process_group)
     assert exported["timeperf/train_step__count"] == 3
 
@@ -111,7 +111,7 @@ def test_one_read_instead_of_one_or_two_per_statistic(monkeypatch, one_process_g
     assert reads == ["tolist"]  # every statistic is on the CPU here: one device, one read
 
 
-def test_several_ranks_run_arealss_export(monkeypatch):
+def test_several_ranks_run_areals_export(monkeypatch):
     calls = []
 
     def upstream(self, key=None, reduce_group=None, reset=True):
@@ -125,7 +125,7 @@ def test_several_ranks_run_arealss_export(monkeypatch):
     assert stats_export.export_all_once(lambda **kw: {"from": "upstream"})(reduce_group=group) == {"from": "upstream"}
 
 
-def test_export_all_drains_every_tracker_as_arealss(one_process_group):
+def test_export_all_drains_every_tracker_as_areal_does(one_process_group):
     from areal.utils import stats_tracker
 
     stats_export.install()
