@@ -34,9 +34,9 @@ from collections.abc import Callable
 
 import torch
 
-# A statistic's reduction, left on the device, and how its read value becomes the export's.
-Deferred = tuple[str, torch.Tensor, Callable[[float], float | int | None]]
-DENOMINATOR = "\0denominator"  # an average's denominator rides along under its name + this
+# A statistic's reduction left on the device, how its read value becomes the export's, and for
+# an average its denominator (the statistic is left out where that is 0, as upstream leaves it).
+Deferred = tuple[str, torch.Tensor, Callable[[float], float | int | None], torch.Tensor | None]
 
 
 def one_rank(group) -> bool:
@@ -46,20 +46,12 @@ def one_rank(group) -> bool:
     return group is None or dist.get_world_size(group) == 1
 
 
-def python_min(xs: list[torch.Tensor]) -> torch.Tensor:
-    """`min(xs)` of 0-dim tensors as Python computes it (the first of the smallest; a leading
-    NaN stays), on the device."""
+def python_extreme(xs: list[torch.Tensor], beats: Callable) -> torch.Tensor:
+    """`min(xs)` (`beats=torch.lt`) or `max(xs)` (`beats=torch.gt`) of 0-dim tensors as Python
+    computes them (the first of equals wins; a leading NaN stays), on the device."""
     result = xs[0]
     for x in xs[1:]:
-        result = torch.where(x < result, x, result)
-    return result
-
-
-def python_max(xs: list[torch.Tensor]) -> torch.Tensor:
-    """`max(xs)` of 0-dim tensors as Python computes it, on the device."""
-    result = xs[0]
-    for x in xs[1:]:
-        result = torch.where(x > result, x, result)
+        result = torch.where(beats(x, result), x, result)
     return result
 
 
@@ -74,46 +66,52 @@ def deferred(tracker, key: str) -> list[Deferred]:
     kind = tracker.reduce_types.get(key, ReduceType.SCALAR)
     values = tracker.stats[key]
     if not values:  # nothing recorded under the key: upstream's own reduction, cheap here
-        return [(name, torch.tensor(float(v)), type(v)) for name, v in tracker._aggregate(key, None).items()]
+        return [(name, torch.tensor(float(v)), type(v), None) for name, v in tracker._aggregate(key, None).items()]
     if kind == ReduceType.SCALAR:
         total = torch.tensor(sum(values), dtype=torch.float32)
         count = torch.tensor(len(values), dtype=torch.float32)
-        return [(key, total / count, float), (key + "__count", count, int)]
+        return [(key, total / count, float, None), (key + "__count", count, int, None)]
     if kind == ReduceType.SUM and key not in tracker.denominators:
-        return [(key, sum([x.sum() for x in values]), float)]
+        return [(key, sum([x.sum() for x in values]), float, None)]
     masks = tracker.stats[tracker.denominators[key]]
+
+    def named(part: str) -> str:
+        return f"{key}/{part}" if kind == ReduceType.AVG_MIN_MAX else key
+
     entries: list[Deferred] = []
-    if kind in (ReduceType.AVG_MIN_MAX, ReduceType.AVG):
+    if kind in (ReduceType.AVG_MIN_MAX, ReduceType.AVG, ReduceType.SUM):
         x = sum([torch.where(d, v, 0.0).sum() for v, d in zip(values, masks)])
+        if kind == ReduceType.SUM:
+            return [(key, x, float, None)]
         d = sum([d.sum() for d in masks])
-        name = key + "/avg" if kind == ReduceType.AVG_MIN_MAX else key
-        entries += [(name, x / d, float), (name + DENOMINATOR, d, float)]
+        entries.append((named("avg"), x / d, float, d))
     if kind in (ReduceType.AVG_MIN_MAX, ReduceType.MIN):
-        x = python_min([torch.where(d, v, float("inf")).min() for v, d in zip(values, masks)])
-        entries.append((key + "/min" if kind == ReduceType.AVG_MIN_MAX else key, x, _finite_or_none))
+        x = python_extreme([torch.where(d, v, float("inf")).min() for v, d in zip(values, masks)], torch.lt)
+        entries.append((named("min"), x, _finite_or_none, None))
     if kind in (ReduceType.AVG_MIN_MAX, ReduceType.MAX):
-        x = python_max([torch.where(d, v, -float("inf")).max() for v, d in zip(values, masks)])
-        entries.append((key + "/max" if kind == ReduceType.AVG_MIN_MAX else key, x, _finite_or_none))
-    if kind == ReduceType.SUM:
-        entries.append((key, sum([torch.where(d, v, 0.0).sum() for v, d in zip(values, masks)]), float))
+        x = python_extreme([torch.where(d, v, -float("inf")).max() for v, d in zip(values, masks)], torch.gt)
+        entries.append((named("max"), x, _finite_or_none, None))
     return entries
 
 
-def read_all(entries: list[Deferred]) -> dict[str, float | int]:
-    """The entries' values, read once per device; an average whose denominator is 0 and a
-    minimum or maximum that is infinite left out, as upstream leaves them out."""
-    tensors = [torch.as_tensor(value) for _, value, _ in entries]
+def read_once(tensors: list[torch.Tensor]) -> list[float]:
+    """The 0-dim tensors' values, one `.tolist()` per device (the host's own scalars, the GPU's)."""
     values = [0.0] * len(tensors)
-    for device in {t.device for t in tensors}:  # the host's own scalars, and the GPU's
+    for device in {t.device for t in tensors}:
         at = [i for i, t in enumerate(tensors) if t.device == device]
-        read = torch.stack([tensors[i].reshape(()).to(torch.float64) for i in at]).tolist()
-        for i, value in zip(at, read):
+        for i, value in zip(at, torch.stack([tensors[i].reshape(()).to(torch.float64) for i in at]).tolist()):
             values[i] = value
-    empty = {name.removesuffix(DENOMINATOR) for (name, _, _), value in zip(entries, values)
-             if name.endswith(DENOMINATOR) and value == 0}
+    return values
+
+
+def read_all(entries: list[Deferred]) -> dict[str, float | int]:
+    """The entries' values, read at once; an average whose denominator is 0 and a minimum or
+    maximum that is infinite left out, as upstream leaves them out."""
+    read = iter(read_once([torch.as_tensor(t) for _, value, _, d in entries for t in (value, d) if t is not None]))
     result = {}
-    for (name, _, convert), value in zip(entries, values):
-        if name.endswith(DENOMINATOR) or name in empty:
+    for name, _, convert, denominator in entries:
+        value = next(read)
+        if denominator is not None and next(read) == 0:
             continue
         converted = convert(value)
         if converted is not None:

@@ -42,6 +42,8 @@ def recorded(seed: int):
             tracker.stat(denominator="n_valid", reduce_type=ReduceType.SUM, total=values)
         tracker.stat(denominator="nothing", unseen=values)  # every token masked: left out
         tracker.stat(denominator="every", seen=values)  # the infinity counts: no max, as AReaL
+        zeros = torch.zeros(n) if micro_batch == 0 else -torch.zeros(n)
+        tracker.stat(denominator="every", zeros=zeros)  # micro-batches tie at 0.0 and -0.0: the first wins
         with tracker.scope("timeperf"):  # what record_timing records, a known duration
             tracker.scalar(train_step=0.1 * (micro_batch + 1))
         tracker.scalar(reward=float(torch.rand(1, generator=g)), lr=1e-5)
@@ -144,6 +146,6 @@ def test_export_all_drains_every_tracker_as_areal_does(one_process_group):
 @pytest.mark.parametrize("values", [[3.0, 1.0, 2.0], [1.0, float("nan"), 0.5], [float("nan"), 1.0], [0.0, -0.0], [-0.0, 0.0]])
 def test_min_and_max_as_python_computes_them(values):
     xs = [torch.tensor(v) for v in values]
-    for mine, theirs in ((stats_export.python_min(xs), min(xs)), (stats_export.python_max(xs), max(xs))):
+    for mine, theirs in ((stats_export.python_extreme(xs, torch.lt), min(xs)), (stats_export.python_extreme(xs, torch.gt), max(xs))):
         assert float(mine) == float(theirs) or (math.isnan(mine) and math.isnan(theirs))
         assert math.copysign(1, mine) == math.copysign(1, theirs)  # ties: the first one, as Python keeps it
