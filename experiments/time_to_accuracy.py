@@ -191,6 +191,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
                         "evaluation and wheel install fit the rest of a 600 s call)")
     parser.add_argument("--eval-seconds", type=int, default=60, help="held-out evaluation about this often")
     parser.add_argument("--trl-eval-batch", type=int, default=1000, help="C: puzzles per model.generate call")
+    parser.add_argument("--trl-micro-batches", type=int, default=1,
+                        help="C: split each minibatch into this many for the forward and backward passes (TRL's "
+                        "gradient accumulation; the same optimizer steps), where its logits do not fit the GPU")
     args, rest = parser.parse_known_args(argv)
     args.work = args.work or ROOT / "runs" / "time_to_accuracy" / f"row_{args.row}"
     lr_args = learning_run.parse_args([
@@ -213,7 +216,7 @@ def run_row(args: argparse.Namespace, lr_args: argparse.Namespace, command: str)
     if args.row == "C":
         from experiments import trl_row  # TRL only here: it need not be installed for rows A, B and D
 
-        part = trl_row.run(lr_args, args.seconds, args.eval_seconds, args.trl_eval_batch)
+        part = trl_row.run(lr_args, args.seconds, args.eval_seconds, args.trl_eval_batch, args.trl_micro_batches)
     else:
         part = areal_row(lr_args, args.seconds)
     return {

@@ -51,7 +51,7 @@ def areal_knobs(lr_args: argparse.Namespace, model: Path) -> dict:
     return {key: learning_run.train_setting(overrides, key) for key in KNOBS}
 
 
-def trl_config(lr_args: argparse.Namespace, knobs: dict, out_dir: Path) -> GRPOConfig:
+def trl_config(lr_args: argparse.Namespace, knobs: dict, out_dir: Path, micro_batches: int = 1) -> GRPOConfig:
     """GRPOConfig with AReaL's settings where they map.
 
     A step is one batch of puzzles x samples, generated at once and split into AReaL's
@@ -60,18 +60,25 @@ def trl_config(lr_args: argparse.Namespace, knobs: dict, out_dir: Path) -> GRPOC
     kept in float32 under bf16 autocast, as AReaL keeps float32 master weights under FSDP's
     bf16 compute. Loss aggregation, reward scaling and generation batching stay TRL's
     defaults (`differences`).
+
+    `micro_batches` splits each minibatch for the forward and backward passes (TRL's gradient
+    accumulation), as AReaL's `actor.mb_spec` does: the same optimizer steps on a GPU whose
+    memory cannot hold a minibatch's logits at once.
     """
     if knobs["actor.optimizer.lr_scheduler_type"] != "constant":
         raise ValueError(f"no TRL schedule mapped for {knobs['actor.optimizer.lr_scheduler_type']!r}")
     minibatches = int(knobs["actor.ppo_n_minibatches"])
     completions = int(knobs["train_dataset.batch_size"]) * int(knobs["gconfig.n_samples"])
+    if micro_batches < 1 or completions % (minibatches * micro_batches):
+        raise ValueError(f"--trl-micro-batches {micro_batches}: each of the {minibatches} minibatches of a batch's "
+                         f"{completions} completions must split evenly; pick a divisor of {completions // minibatches}")
     return GRPOConfig(
         output_dir=str(out_dir), report_to="none", save_strategy="no", disable_tqdm=True,
         logging_steps=5 * minibatches, seed=int(knobs["seed"]), max_steps=lr_args.grpo_steps * minibatches,
         use_cpu=lr_args.device == "cpu", bf16=knobs["actor.dtype"] == "bfloat16",
         model_init_kwargs={"dtype": "float32", "attn_implementation": knobs["actor.attn_impl"]},
-        per_device_train_batch_size=completions // minibatches, gradient_accumulation_steps=1,
-        steps_per_generation=minibatches, num_generations=int(knobs["gconfig.n_samples"]),
+        per_device_train_batch_size=completions // (minibatches * micro_batches),
+        gradient_accumulation_steps=micro_batches, steps_per_generation=minibatches * micro_batches, num_generations=int(knobs["gconfig.n_samples"]),
         max_completion_length=int(knobs["gconfig.max_new_tokens"]), temperature=float(knobs["gconfig.temperature"]),
         learning_rate=float(knobs["actor.optimizer.lr"]), lr_scheduler_type="constant_with_warmup",
         warmup_steps=lr_args.grpo_warmup * minibatches, weight_decay=float(knobs["actor.optimizer.weight_decay"]),
@@ -130,6 +137,16 @@ def countdown_reward(completions: list[list[dict]], nums: list[list[int]], targe
     return [compute_score(c[-1]["content"], {"nums": n, "target": t}) for c, n, t in zip(completions, nums, target)]
 
 
+def optimizer_steps_per_batch(config: GRPOConfig) -> int:
+    return config.steps_per_generation // config.gradient_accumulation_steps
+
+
+def make_trainer(model: Path, config: GRPOConfig, data: Path, tokenizer, callbacks: list) -> TimedGRPOTrainer:
+    return TimedGRPOTrainer(model=str(model), reward_funcs=countdown_reward, args=config,
+                            train_dataset=train_dataset(data / countdown.TRAIN_FILE), processing_class=tokenizer,
+                            callbacks=callbacks)  # fmt: skip
+
+
 def check_prompts(trainer: GRPOTrainer, rows: list[dict]) -> None:
     """Refuse to train if TRL's prompt ids (its own chat-template call) differ from countdown's."""
     messages = [row["messages"] for row in rows[:16]]
@@ -144,11 +161,22 @@ def sync(device: torch.device) -> None:
 
 
 class TimedGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer recording the seconds of each rollout: generation, rewards, old log-probs."""
+    """GRPOTrainer recording the seconds of each rollout: generation, rewards, old log-probs.
+
+    With gradient accumulation (`micro_batches` > 1) it also undoes one division of the loss:
+    TRL's `dapo` loss is already a token mean over the accumulation window, and transformers'
+    Trainer divides it by the accumulation steps again, which would shrink the gradient by that
+    factor (huggingface/trl issue 5619)."""
 
     def __init__(self, *args, **kwargs):
         self.rollout_seconds: list[float] = []
         super().__init__(*args, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.loss_type == "dapo" and model.training:
+            return loss * self.current_gradient_accumulation_steps
+        return loss
 
     def _generate_and_score_completions(self, inputs):
         sync(self.accelerator.device)
@@ -256,14 +284,15 @@ def step_split(trainer: TimedGRPOTrainer, clock: HeldOutClock) -> dict:
     return {"step": step, "rollout": rollout, "eval": evaluation, "update": step - rollout - evaluation}
 
 
-def run(lr_args: argparse.Namespace, seconds: float, eval_seconds: float, eval_batch: int) -> dict:
+def run(lr_args: argparse.Namespace, seconds: float, eval_seconds: float, eval_batch: int,
+        micro_batches: int = 1) -> dict:
     """Train row C for `seconds` from the first rollout; its part of the row's record."""
     if lr_args.device == "cpu":  # as the dev server: a small model on shared cores runs far faster on one thread
         torch.set_num_threads(1)
     model = learning_run.warm_start_model(lr_args)
     data = lr_args.work / "data"
     knobs = areal_knobs(lr_args, model)
-    config = trl_config(lr_args, knobs, lr_args.work / "trl")
+    config = trl_config(lr_args, knobs, lr_args.work / "trl", micro_batches)
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
     test = countdown.load_puzzles(data / countdown.TEST_FILE)
     prompts = countdown.batch_prompt_token_ids(tokenizer, [row["messages"] for row in test])
@@ -272,10 +301,8 @@ def run(lr_args: argparse.Namespace, seconds: float, eval_seconds: float, eval_b
     def evaluate_model(trained) -> dict:
         return held_out_report(trained, tokenizer, test, prompts, max_new_tokens, eval_batch, config.bf16)
 
-    clock = HeldOutClock(evaluate_model, seconds, eval_seconds, config.steps_per_generation)
-    trainer = TimedGRPOTrainer(model=str(model), reward_funcs=countdown_reward, args=config,
-                               train_dataset=train_dataset(data / countdown.TRAIN_FILE), processing_class=tokenizer,
-                               callbacks=[clock])  # fmt: skip
+    clock = HeldOutClock(evaluate_model, seconds, eval_seconds, optimizer_steps_per_batch(config))
+    trainer = make_trainer(model, config, data, tokenizer, [clock])
     check_prompts(trainer, test)
     trainer.train()
     steps = len(clock.batch_ends)

@@ -72,6 +72,40 @@ def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, 
     assert any("rewards/countdown_reward/mean" in entry for entry in record["log_history"])
 
 
+@pytest.mark.timeout(180)
+def test_trl_micro_batches_leave_the_optimizer_step_alone(tiny_model_dir, tmp_path, monkeypatch):
+    """--trl-micro-batches 2 (TRL's gradient accumulation, for a GPU that cannot hold a minibatch's
+    logits) gives the first optimizer step the loss and gradient norm of one micro-batch a minibatch.
+    The tiny model solves nothing, so the Countdown reward has no spread; a reward on the completion's
+    length gives TRL advantages to step on (the one stand-in here)."""
+    from transformers import AutoTokenizer
+
+    from experiments import learning_run, trl_row
+
+    monkeypatch.setattr(trl_row, "countdown_reward", lambda completions, **_: [len(c[-1]["content"]) % 5 / 4.0
+                                                                               for c in completions])
+    _, lr_args = tta.parse_args(["--row", "C", "--init", str(tiny_model_dir), "--out", str(tmp_path), "--work",
+                                 str(tmp_path / "work"), *TOY, "--train-max-new-tokens", "12", "--set", "seed=3"])
+    data = learning_run.make_data(lr_args)
+    knobs = trl_row.areal_knobs(lr_args, tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    firsts = []
+    for micro_batches in (1, 2):
+        config = trl_row.trl_config(lr_args, knobs, tmp_path / f"trl_{micro_batches}", micro_batches)
+        assert (config.generation_batch_size, trl_row.optimizer_steps_per_batch(config)) == (8, 2)
+        assert config.per_device_train_batch_size == 4 // micro_batches
+        config.max_steps, config.logging_steps = 1, 1
+        trainer = trl_row.make_trainer(tiny_model_dir, config, data, tokenizer, [])
+        trainer.train()
+        assert trainer.state.global_step == 1
+        firsts.append(trainer.state.log_history[0])
+    whole, split = firsts
+    assert whole["grad_norm"] > 0 and whole["reward_std"] > 0  # a step with a signal
+    assert split["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    with pytest.raises(ValueError, match="must split evenly; pick a divisor of 4"):
+        trl_row.trl_config(lr_args, knobs, tmp_path / "trl_3", 3)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_row_a_runs_learning_runs_grpo_phase_and_stops_on_the_clock(tiny_model_dir, tmp_path):
