@@ -35,7 +35,6 @@ Speed-ups: the same results, sooner.
 | `callback_pool` | single controller: a rollout worker posts its completion callbacks from the 4-thread pool its weight load runs in, to a single-threaded server that a push keeps busy until that load ends; rollouts finishing during a push stall it until their posts time out (30 s), each logged as a failed callback | the posts have a pool of their own; the load never waits behind them | `apply(skip={"callback_pool"})` |
 | `fewer_syncs` | GRPO's group reward normalisation reads two counts back from the GPU per group (a Python loop over the groups); each micro-batch's staleness statistics read ten values one by one | one group pass without a read; one read per micro-batch; the same numbers | `apply(skip={"fewer_syncs"})` |
 | `local_batch` | the SPMD trainer passes each rollout batch through an all-gather and a broadcast, a collective or two per tensor and a read per trajectory, even on one rank | on one rank (one data-parallel and one context-and-model-parallel rank) the batch is kept as upstream's code would return it, without a collective | `apply(skip={"local_batch"})` |
-| `stats_export` | the trainer's export of a step's statistics reduces and reads each one on its own (299 host syncs for a GRPO step's, five times the rest of the step's), with collectives even on one rank | on one rank every statistic is read in one go; the same keys, order and numbers | `apply(skip={"stats_export"})` |
 
 Applied elsewhere:
 
@@ -70,13 +69,13 @@ def fixes() -> dict[str, list[ModuleType]]:
     from areal_patches import (callback_pool, clean_exit, data_seed, fast_save, fast_step, fewer_syncs, local_batch,
                                mask_mapping, packed_sdpa, pause_at_load, port_draw, progress_total, resume_poll,
                                rollout_shutdown, rollout_stats, server_start, slurm_container, slurm_job_exit,
-                               stats_export, submit_ahead, task_callback, wandb_offline, weight_push)
+                               submit_ahead, task_callback, wandb_offline, weight_push)
 
     return {
         "bug fixes": [packed_sdpa, mask_mapping, server_start, clean_exit, progress_total, data_seed, rollout_stats,
                       slurm_container, slurm_job_exit, port_draw, task_callback, rollout_shutdown, wandb_offline],
         "speed-ups": [weight_push, pause_at_load, resume_poll, submit_ahead, fast_save, fast_step, callback_pool,
-                      fewer_syncs, local_batch, stats_export],
+                      fewer_syncs, local_batch],
     }
 
 
