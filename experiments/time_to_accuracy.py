@@ -134,15 +134,18 @@ def areal_points(run: plot.Run, start: float) -> list[dict]:
     ]  # fmt: skip
 
 
-def areal_step_split(run: plot.Run) -> dict:
-    """Seconds per step, first to last commit, and the mean of each timed section (timeperf/*)."""
+def areal_step_split(run: plot.Run, skip_first_step: bool = False) -> dict:
+    """Seconds per step, first to last commit, and the mean of each timed section (timeperf/*),
+    over every step or, with `skip_first_step`, over the steps the step time spans (the first
+    step's wait for rollouts holds the servers' start)."""
     steps = sorted(run.times)
     if len(steps) < 2:
         return {}
     split = {"step": (run.times[steps[-1]] - run.times[steps[0]]) / (len(steps) - 1)}
     for tag, points in sorted(run.scalars.items()):
         if tag.startswith("timeperf/"):
-            split[tag.removeprefix("timeperf/")] = statistics.mean(points.values())
+            kept = [v for step, v in points.items() if not (skip_first_step and step == steps[0])]
+            split[tag.removeprefix("timeperf/")] = statistics.mean(kept)
     return split
 
 

@@ -187,6 +187,18 @@ def test_first_rollout_and_points_count_back_the_timed_sections(tmp_path):
     assert tta.areal_step_split(run)["step"] == pytest.approx(4.0)
 
 
+def test_the_split_can_leave_out_the_first_steps_start_up(tmp_path):
+    write_steps(tmp_path, {
+        0: (1000.0, {"timeperf/rollout": 10.0, "timeperf/train_step": 0.5}),  # the servers' start in its wait
+        1: (1002.0, {"timeperf/rollout": 1.0, "timeperf/train_step": 0.5}),
+        2: (1004.0, {"timeperf/rollout": 1.0, "timeperf/train_step": 0.7}),
+    })  # fmt: skip
+    run = plot.read_run(tmp_path)
+    assert tta.areal_step_split(run) == pytest.approx({"step": 2.0, "rollout": 4.0, "train_step": 1.7 / 3})
+    assert tta.areal_step_split(run, skip_first_step=True) == pytest.approx({"step": 2.0, "rollout": 1.0,
+                                                                             "train_step": 0.6})
+
+
 def test_first_rollout_waits_for_the_second_step(tmp_path):
     """Until a later step is on disk, the first step's sections may not all be."""
     write_steps(tmp_path, {0: (1000.0, {"timeperf/rollout": 3.0})})
