@@ -145,7 +145,8 @@ def areal_step_split(run: plot.Run, skip_first_step: bool = False) -> dict:
     for tag, points in sorted(run.scalars.items()):
         if tag.startswith("timeperf/"):
             kept = [v for step, v in points.items() if not (skip_first_step and step == steps[0])]
-            split[tag.removeprefix("timeperf/")] = statistics.mean(kept)
+            if kept:
+                split[tag.removeprefix("timeperf/")] = statistics.mean(kept)
     return split
 
 

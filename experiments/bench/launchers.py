@@ -8,9 +8,10 @@ client and the workflow in a rollout worker of their own. AReaL's SPMD local lau
 thread of the trainer's process, where their Python shares the interpreter with the update.
 Which is faster on one machine is what this measures: it runs the demo (`devkit/demo.py
 --quick`: the README's command for that launcher with the CPU settings, a model with random
-weights, then the OVERRIDES) once per launcher, in turn, `--repeats` times, and prints one row per
-run from AReaL's own timings (`timeperf/*`). The overrides put it on a GPU: the commands of
-docs/results/time-to-accuracy.md. Nothing is learnt with random weights: steps, not accuracy.
+weights, then the OVERRIDES) once per launcher, in turn, `--repeats` times, and prints a line per
+run of AReaL's own timings (`timeperf/*`) in plot.py's step table. The overrides put it on a GPU
+(the command of docs/results/launch-paths.md). Nothing is learnt with random weights: steps, not
+accuracy.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ import plot
 from devkit import ROOT
 from experiments.time_to_accuracy import areal_step_split
 
-PARTS = ["rollout", "recompute_logp", "compute_advantage", "train_step", "update_weights", "eval"]  # timeperf/*
-HEADS = ["waited for rollouts", "proximal log-probs", "advantages", "train step", "weight push", "evaluation"]
-
 
 def run_demo(launcher: str, steps: int, run_dir: Path, overrides: list[str]) -> dict:
     """One demo run under `launcher`; seconds a step and AReaL's timed parts, from its second step."""
@@ -37,18 +35,10 @@ def run_demo(launcher: str, steps: int, run_dir: Path, overrides: list[str]) -> 
     return areal_step_split(plot.read_run(run_dir / "logs" / "tensorboard"), skip_first_step=True)
 
 
-def row(launcher: str, repeat: int, split: dict) -> str:
-    parts = [split.get(name, 0.0) for name in PARTS]
-    other = split["step"] - sum(parts)
-    cells = [launcher, str(repeat), f"{split['step']:.3f}", f"{60 / split['step']:.1f}",
-             *(f"{p:.3f}" for p in parts), f"{other:.3f}"]  # fmt: skip
-    return "| " + " | ".join(cells) + " |"
-
-
-def table(rows: list[tuple[str, int, dict]]) -> str:
-    heads = ["launcher", "run", "s a step", "steps a minute", *HEADS, "other"]
-    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    return "\n".join(lines + [row(*r) for r in rows])
+def table(runs: list[tuple[str, int, dict]]) -> str:
+    """plot.py's table of where a step's time goes, a line per run ("other": the step less every timed part)."""
+    return plot.step_table([{"row": launcher, "variant": f"run {repeat}", "seconds_per_step": split}
+                            for launcher, repeat, split in runs])
 
 
 def main(argv: list[str] | None = None) -> None:
