@@ -164,7 +164,7 @@ def sync(device: torch.device) -> None:
 class TimedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer recording the seconds of each rollout: generation, rewards, old log-probs.
 
-    With gradient accumulation (`micro_batches` > 1) it also undoes one division of the loss:
+    With gradient accumulation (`gradient_accumulation_steps` > 1) it also undoes one division of the loss:
     TRL's `dapo` loss is already a token mean over the accumulation window, and transformers'
     Trainer divides it by the accumulation steps again, which would shrink the gradient by that
     factor (huggingface/trl issue 5619)."""

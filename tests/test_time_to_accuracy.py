@@ -75,7 +75,7 @@ def test_row_c_trains_with_trl_evaluates_and_stops_on_the_clock(tiny_model_dir, 
 @pytest.mark.timeout(180)
 def test_trl_micro_batches_leave_the_optimizer_step_alone(tiny_model_dir, tmp_path, monkeypatch):
     """--trl-micro-batches 2 (TRL's gradient accumulation, for a GPU that cannot hold a minibatch's
-    logits) gives the first optimizer step the loss and gradient norm of one micro-batch a minibatch.
+    logits) gives the first optimizer step the gradient norm of one micro-batch a minibatch.
     The tiny model solves nothing, so the Countdown reward has no spread; a reward on the completion's
     length gives TRL advantages to step on (the one stand-in here)."""
     from transformers import AutoTokenizer
