@@ -61,4 +61,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except subprocess.CalledProcessError as failed:  # the demo has said why, above
+        sys.exit(f"[launchers] stopped: {' '.join(failed.cmd[1:6])} ... exited {failed.returncode}")
