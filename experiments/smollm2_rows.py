@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devkit import ROOT
+from experiments import learning_run
 
 # On a card of less memory than this (an 80 GB H100), the settings below; above it (an H200), the defaults.
 SMALL_CARD_GIB = 100
@@ -116,17 +116,15 @@ def run_steps(steps: list[Step], out: Path) -> int:
         if step.makes is not None and step.makes.exists():
             print(f"[smollm2_rows] {step.name}: kept ({step.makes.parent})", flush=True)
             continue
-        log = out / f"{step.name}.log"
-        print(f"[smollm2_rows] {step.name}: runs, log {log}", flush=True)
-        with log.open("w") as stream:
-            code = subprocess.run(step.command, cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **step.env}).returncode  # fmt: skip
-        print(f"[smollm2_rows] {step.name}: exit {code}", flush=True)
-        if code != 0:
+        try:
+            learning_run.run(step.command, out / f"{step.name}.log", env={**os.environ, **step.env})
+        except subprocess.CalledProcessError as e:  # run() has shown the log's tail
+            print(f"[smollm2_rows] {step.name}: exit {e.returncode}", flush=True)
             failed += 1
-            print(log.read_text()[-2000:], flush=True)
             if step.makes is not None:  # the folder or the warm start: the rows need it
                 return failed
+            continue
+        print(f"[smollm2_rows] {step.name}: exit 0", flush=True)
     return failed
 
 
