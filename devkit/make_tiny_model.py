@@ -290,6 +290,20 @@ def _fix_permissions(folder: Path) -> None:
         os.chmod(f, 0o666 & ~umask)
 
 
+class OutFolderError(ValueError):
+    """The output folder cannot be written; the message names it and what to do."""
+
+
+def check_out_folder(out: Path) -> None:
+    """Make ``out``'s parent and check that a folder can be written there, before the minutes
+    of building that would otherwise end in a traceback from ``write_folder_atomically``."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.check-", dir=out.parent))
+    except OSError as e:
+        raise OutFolderError(f"cannot write {out}: {e.strerror or e}; give --out a folder you can write") from None
+
+
 def write_folder_atomically(out: Path, fill) -> None:
     """Have ``fill(tmp)`` write a temporary sibling of ``out``, then rename it into place.
 
@@ -324,6 +338,7 @@ def make_tiny_model(out: str | os.PathLike, preset: str = "tiny", seed: int = 0,
 
     t0 = time.perf_counter()
     out = Path(out).absolute()
+    check_out_folder(out)
     tokenizer = build_tokenizer(build_corpus())
     model = build_model(tokenizer, preset=preset, seed=seed)
     n_params = count_params(model)
@@ -352,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--seed", type=int, default=0, help="weight init seed")
     args = p.parse_args(argv)
-    make_tiny_model(args.out, preset=args.preset, seed=args.seed)
+    try:
+        make_tiny_model(args.out, preset=args.preset, seed=args.seed)
+    except OutFolderError as e:
+        print(f"devkit/make_tiny_model.py: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

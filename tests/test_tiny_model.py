@@ -152,6 +152,18 @@ def test_cli_replaces_existing_folder(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cli"]  # no temp dirs left
 
 
+def test_an_unwritable_out_is_one_line_and_builds_nothing(tmp_path, capsys, monkeypatch):
+    def not_to_be_built():
+        raise AssertionError("the tokenizer was built although its folder cannot be written")
+
+    monkeypatch.setattr(mtm, "build_corpus", not_to_be_built)
+    (tmp_path / "a_file").write_text("not a folder")  # a folder below a file: unwritable even as root
+    assert mtm.main(["--out", str(tmp_path / "a_file" / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("devkit/make_tiny_model.py: cannot write") and "--out" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(mtm, "build_corpus", lambda: ["a tiny corpus 123 <answer>", "x y z"] * 5)
 
