@@ -32,14 +32,31 @@ def tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def stop_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group that `proc` leads and every process it started (torchrun's
-    workers have sessions of their own), SIGKILL whatever is left after `timeout` seconds."""
+# The environment variable that marks a run's processes (run_trainer gives each run its own
+# value): those a launcher started in sessions of their own stay findable after it has exited.
+RUN_ID = "DEVKIT_RUN_ID"
+
+
+def marked_processes(run_id: str) -> list[psutil.Process]:
+    """Live processes whose environment carries RUN_ID=`run_id` (those of other users aside)."""
+    return [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(RUN_ID) == run_id]
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 15.0, run_id: str | None = None) -> None:
+    """SIGTERM the process group that `proc` leads, every process it started (torchrun's
+    workers have sessions of their own) and, with `run_id`, every process marked with it;
+    SIGKILL whatever is left after `timeout` seconds.
+
+    Why the mark: a launcher that exits on its own (AReaL's local launcher, after a server
+    died) leaves its workers to init, in the middle of their clean exit, where no walk down
+    from the launcher finds them."""
     try:
         leader = psutil.Process(proc.pid)
         tree = [leader, *leader.children(recursive=True)]
     except psutil.NoSuchProcess:
         tree = []
+    if run_id:
+        tree += [p for p in marked_processes(run_id) if p not in tree]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)

@@ -31,6 +31,17 @@ WORKER = textwrap.dedent("""
 """)
 MIDDLE = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:], start_new_session=True); time.sleep(600)"
 LAUNCHER = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(600)"
+# AReaL's local launcher once a server has died: it signals its jobs, waits for the shell that
+# started each one and exits 1, while the worker may still be in its clean exit. Its jobs write
+# through `tee` to their logs: the worker does not hold the launcher's output open.
+FAILING_LAUNCHER = textwrap.dedent("""
+    import os, subprocess, sys, time
+    subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    sys.exit(1)
+""")
 
 
 def interrupt_when_running(pid_file: Path) -> None:
@@ -56,11 +67,11 @@ def test_an_interrupted_run_stops_one_at_a_time_and_leaves_no_worker(tmp_path, m
     calls, running = [], []
     real_stop_group = training.stop_group
 
-    def recording_stop_group(proc):
+    def recording_stop_group(proc, **kwargs):
         running.append(proc)
         calls.append(len(running))
         time.sleep(0.5)  # wide enough for a racing second stop to show
-        real_stop_group(proc)
+        real_stop_group(proc, **kwargs)
         running.remove(proc)
 
     monkeypatch.setattr(training, "stop_group", recording_stop_group)
@@ -73,4 +84,17 @@ def test_an_interrupted_run_stops_one_at_a_time_and_leaves_no_worker(tmp_path, m
         training.run_trainer(cmd, {}, log_path)
 
     assert calls and max(calls) == 1, f"stops overlapped: {calls}"
+    assert not alive(int(pid_file.read_text())), "the worker outlived the run"
+
+
+def test_a_launcher_that_exits_on_its_own_leaves_no_worker(tmp_path):
+    """The worker, in a session of its own, is init's child once the launcher has exited:
+    run_trainer finds it by the run's mark in its environment."""
+    pid_file, log_path = tmp_path / "worker.pid", tmp_path / "train.log"
+    cmd = [sys.executable, "-c", FAILING_LAUNCHER, str(pid_file), sys.executable, "-c", MIDDLE,
+           sys.executable, "-c", WORKER, str(pid_file)]  # fmt: skip
+
+    with pytest.raises(RuntimeError, match="training failed"):
+        training.run_trainer(cmd, {}, log_path)
+
     assert not alive(int(pid_file.read_text())), "the worker outlived the run"

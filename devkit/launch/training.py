@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 import countdown
 from devkit import ROOT
 from devkit.launch.preflight import key_of_override
-from devkit.processes import find_free_port, plain, sigterm_raises, stop_group
+from devkit.processes import RUN_ID, find_free_port, plain, sigterm_raises, stop_group
 
 SEAM = ROOT / "devkit" / "dev_server" / "sglang_seam"
 LAUNCHERS = ("single", "single-ray", "single-slurm", "local", "slurm", "ray")
@@ -267,7 +268,8 @@ def run_trainer(
     cmd: list[str], env: dict[str, str], log_path: Path, time_limit: float | None = None,
     stop: threading.Event | None = None, echo: Callable[[str], None] | None = None,
 ) -> bool:
-    """Run the trainer in its own process group, echo progress lines, always clean up.
+    """Run the trainer in its own process group, echo progress lines, always clean up: every
+    process it started, found by the run's mark in their environment (devkit.processes.RUN_ID).
 
     The trainer is stopped when `time_limit` (seconds) runs out, or when another thread sets
     `stop` (a limit known only once the run has begun: experiments/time_to_accuracy.py, the
@@ -285,10 +287,11 @@ def run_trainer(
     stop = stop or threading.Event()
     echo = echo or echo_progress
     stopping = threading.Lock()
+    run_id = uuid.uuid4().hex
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w", buffering=1) as log:  # by lines: `tail -f` shows the run as it goes
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cmd, cwd=ROOT, env={**env, RUN_ID: run_id}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )  # fmt: skip
         expired = threading.Event()
@@ -299,7 +302,7 @@ def run_trainer(
             with stopping:
                 if proc.poll() is None:
                     expired.set()
-                    stop_group(proc)
+                    stop_group(proc, run_id=run_id)
 
         threading.Thread(target=stop_when_asked, daemon=True).start()
         try:
@@ -313,7 +316,7 @@ def run_trainer(
         finally:
             stop.set()
             with stopping:
-                stop_group(proc)
+                stop_group(proc, run_id=run_id)
 
 
 def trainer_launch(run_dir: Path, overrides: list[str], server_addr: str) -> tuple[list[str], dict]:
