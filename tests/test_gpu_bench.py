@@ -146,6 +146,20 @@ def test_the_first_traceback_survives_lines_of_other_ranks_written_into_it():
     assert len(train_step.first_traceback(["Traceback (most recent call last):"] + ["  File"] * 100)) == 60
 
 
+def test_the_ranks_error_is_shown_when_torchruns_own_traceback_is_in_the_last_lines():
+    """torchrun's traceback begins with the same line as the rank's: a CI run showed only the
+    last lines, torchrun's, because that line was among them."""
+    rank_error = ["Traceback (most recent call last):", '  File "train_step.py", line 332, in build_actor',
+                  "ImportError: areal broken on purpose"]  # fmt: skip
+    torchrun = ["Traceback (most recent call last):", '  File "run.py", line 1019, in run',
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "=" * 60]  # fmt: skip
+    log = [*rank_error, *[f"W rank line {i}" for i in range(10)], *torchrun]
+    shown = train_step.failure_lines(log, tail=6)
+    assert shown[:4] == [*rank_error, "..."] and shown[4:] == log[-6:]
+    assert train_step.failure_lines(rank_error, tail=6) == rank_error  # in the last lines: shown once
+    assert train_step.failure_lines(["no traceback here"] * 40, tail=6) == ["no traceback here"] * 6
+
+
 @pytest.mark.e2e
 def test_a_failing_rank_shows_its_own_error_not_only_torchruns_summary(tmp_path):
     """Under torchrun the last lines of a failed child are torchrun's ChildFailedError; the

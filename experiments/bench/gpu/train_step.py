@@ -663,10 +663,19 @@ def run_child(kind: str, shape: str, args: argparse.Namespace, peak: float, rank
             continue
         log.append(line.rstrip())
     if proc.wait() != 0:
-        tail, first_error = log[-30:], first_traceback(log)
-        shown = tail if not first_error or first_error[0] in tail else [*first_error, "...", *tail]
-        progress(f"{name} exited with {proc.returncode}; its first error and last lines:\n" + "\n".join(shown))
+        progress(f"{name} exited with {proc.returncode}; its first error and last lines:\n" + "\n".join(failure_lines(log)))
     return rows
+
+
+def failure_lines(log: list[str], tail: int = 30) -> list[str]:
+    """A failed child's last `tail` lines, after its first traceback if that began before them.
+
+    By position, not by text: torchrun's own traceback, in the last lines, begins with the same
+    `Traceback (most recent call last):` as the rank's."""
+    first_error = first_traceback(log)
+    if not first_error or log.index(first_error[0]) >= len(log) - tail:
+        return log[-tail:]
+    return [*first_error, "...", *log[-tail:]]
 
 
 EXCEPTION_LINE = re.compile(r"(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b")
